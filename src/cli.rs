@@ -1,0 +1,39 @@
+//! The command line. Every flag can also come from a `RAY_DASHD_*` variable;
+//! a flag wins over the variable, and both win over the config file.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Where Ray keeps the newest session's folder.
+pub const DEFAULT_SESSION_DIR: &str = "/tmp/ray/session_latest";
+
+/// ray-dashd: the head-node web process of a Ray cluster. It serves the
+/// dashboard on one HTTP port and supervises dashboard modules, child
+/// processes that each serve HTTP on a Unix socket in the session folder.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "ray-dashd", version, about, long_about = None)]
+pub struct Cli {
+    /// The Ray session folder; created (with sockets/ and logs/) when missing.
+    /// [default: /tmp/ray/session_latest]
+    #[arg(long, env = "RAY_DASHD_SESSION_DIR", value_name = "DIR")]
+    pub session_dir: Option<PathBuf>,
+
+    /// The address to bind the HTTP server to. [default: 127.0.0.1]
+    #[arg(long, env = "RAY_DASHD_HOST", value_name = "ADDR")]
+    pub host: Option<IpAddr>,
+
+    /// The TCP port of the HTTP server; 0 picks a free one. [default: 8265]
+    #[arg(long, env = "RAY_DASHD_PORT")]
+    pub port: Option<u16>,
+
+    /// A TOML config file (modules, limits, supervision settings). Without
+    /// it, the built-in copy of config/default.toml is used.
+    #[arg(long, env = "RAY_DASHD_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Check the config and print the effective settings, then exit.
+    #[arg(long)]
+    pub check_config: bool,
+}

@@ -1,0 +1,684 @@
+//! The configuration: the TOML file (or the built-in default), merged with the
+//! command line, validated into typed values before anything binds or spawns.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::Method;
+use serde::Deserialize;
+
+use crate::cli::Cli;
+use crate::error::ConfigError;
+
+/// The configuration used when `--config` is absent (`config/default.toml`).
+pub const DEFAULT_CONFIG: &str = include_str!("../config/default.toml");
+
+/// Where the built-in default configuration claims to come from, in errors.
+const DEFAULT_CONFIG_NAME: &str = "<built-in config/default.toml>";
+
+/// The validated configuration of one ray-dashd process.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The Ray session folder whose `sockets/` and `logs/` the host uses.
+    pub session_dir: PathBuf,
+    /// The address the HTTP server binds.
+    pub host: IpAddr,
+    /// The TCP port the HTTP server binds (0 picks a free one).
+    pub port: u16,
+    /// Limits and timeouts of the HTTP server and the proxy.
+    pub server: ServerSettings,
+    /// The modules to supervise, in the order they are started.
+    pub modules: Vec<ModuleSpec>,
+}
+
+/// Limits and timeouts of the HTTP server and the proxy.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    /// Largest request body forwarded to a module; larger ones get 413.
+    pub max_request_body_bytes: u64,
+    /// Largest total size of a request's head (request line and headers).
+    pub max_header_bytes: usize,
+    /// Largest websocket message (and frame) relayed in either direction.
+    pub max_websocket_message_bytes: usize,
+    /// How long an `http` route's module may take to start its response.
+    pub http_response_timeout: Duration,
+    /// How long in-flight requests may take to finish after SIGTERM or SIGINT.
+    pub shutdown_grace: Duration,
+}
+
+/// One module: how to start it, how to supervise it and which routes it serves.
+#[derive(Debug, Clone)]
+pub struct ModuleSpec {
+    /// Unique name, `[A-Za-z0-9_-]+`; names the socket `dash_<name>`.
+    pub name: String,
+    /// The program to run (resolved at spawn time, see [`ModuleSpec::program`]).
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Extra environment variables, on top of the host's own environment.
+    pub env: BTreeMap<String, String>,
+    /// The routes the host forwards to it.
+    pub routes: Vec<RouteSpec>,
+    /// Health and restart settings.
+    pub supervision: Supervision,
+}
+
+/// Health and restart settings of one module.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Supervision {
+    /// How long a new incarnation may take to answer `/api/healthz` with 200.
+    pub startup_timeout: Duration,
+    /// Time between two health checks of a ready module.
+    pub health_interval: Duration,
+    /// How long one health check may take before it counts as a failure.
+    pub health_timeout: Duration,
+    /// Consecutive failed checks that make a ready module unhealthy.
+    pub failure_threshold: u32,
+    /// Delay before the second restart in a row; it doubles with each failure.
+    pub backoff_initial: Duration,
+    /// The cap on the restart delay.
+    pub backoff_max: Duration,
+    /// Healthy uptime after which the failure count (and so the backoff) resets.
+    pub stable_after: Duration,
+    /// Time between SIGTERM and SIGKILL when the module is stopped.
+    pub stop_grace: Duration,
+}
+
+impl Default for Supervision {
+    fn default() -> Self {
+        Supervision {
+            startup_timeout: Duration::from_secs(30),
+            health_interval: Duration::from_secs(1),
+            health_timeout: Duration::from_secs(1),
+            failure_threshold: 3,
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+            stable_after: Duration::from_secs(30),
+            stop_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// One route a module serves.
+#[derive(Debug, Clone)]
+pub struct RouteSpec {
+    /// The HTTP method (a `GET` route also answers `HEAD`).
+    pub method: Method,
+    /// The path pattern, aiohttp style: `/api/jobs/{job_id}`.
+    pub path: String,
+    /// How the host forwards it.
+    pub kind: RouteKind,
+}
+
+/// How the host forwards a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteKind {
+    /// A request and a response, with a deadline for the response to start.
+    Http,
+    /// A long-lived response streamed chunk by chunk, with no deadline.
+    Stream,
+    /// A websocket, relayed message by message.
+    Websocket,
+}
+
+impl fmt::Display for RouteKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RouteKind::Http => "http",
+            RouteKind::Stream => "stream",
+            RouteKind::Websocket => "websocket",
+        })
+    }
+}
+
+// === raw file format ===
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawConfig {
+    server: RawServer,
+    module_defaults: RawSupervision,
+    modules: Vec<RawModule>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawServer {
+    session_dir: Option<PathBuf>,
+    host: Option<IpAddr>,
+    port: Option<u16>,
+    max_request_body_bytes: Option<u64>,
+    max_header_bytes: Option<usize>,
+    max_websocket_message_bytes: Option<usize>,
+    http_response_timeout_secs: Option<f64>,
+    shutdown_grace_secs: Option<f64>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawSupervision {
+    startup_timeout_secs: Option<f64>,
+    health_interval_secs: Option<f64>,
+    health_timeout_secs: Option<f64>,
+    failure_threshold: Option<u32>,
+    backoff_initial_secs: Option<f64>,
+    backoff_max_secs: Option<f64>,
+    stable_after_secs: Option<f64>,
+    stop_grace_secs: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModule {
+    name: String,
+    command: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    routes: Vec<RawRoute>,
+    #[serde(default)]
+    supervision: RawSupervision,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    method: String,
+    path: String,
+    #[serde(rename = "type")]
+    kind: RouteKind,
+}
+
+/// Paths the host answers itself; no module may claim them.
+pub const HOST_PATHS: &[&str] = &[
+    "/api/healthz",
+    "/api/modules",
+    "/api/modules/{name}",
+    "/api/modules/{name}/restart",
+];
+
+/// Largest request-head size accepted: hyper needs at least 8 KiB.
+const MIN_HEADER_BYTES: usize = 8 * 1024;
+
+impl Config {
+    /// Reads the file named by `--config` (or the built-in default) and merges
+    /// the command line over it.
+    pub fn load(cli: &Cli) -> Result<Config, ConfigError> {
+        let (origin, text) = match &cli.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                (path.display().to_string(), text)
+            }
+            None => (DEFAULT_CONFIG_NAME.to_owned(), DEFAULT_CONFIG.to_owned()),
+        };
+        Config::from_toml(&origin, &text, cli)
+    }
+
+    /// Parses and validates `text`, which came from `origin` (named in errors).
+    pub fn from_toml(origin: &str, text: &str, cli: &Cli) -> Result<Config, ConfigError> {
+        let deserializer = toml::Deserializer::new(text);
+        let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|err| {
+            let field = err.path().to_string();
+            ConfigError::Invalid {
+                file: origin.to_owned(),
+                field: if field == "." {
+                    "(top level)".into()
+                } else {
+                    field
+                },
+                problem: err.inner().message().trim().to_owned(),
+            }
+        })?;
+        Validator { origin }.validate(raw, cli)
+    }
+}
+
+struct Validator<'a> {
+    origin: &'a str,
+}
+
+impl Validator<'_> {
+    fn invalid(&self, field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.origin.to_owned(),
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    fn validate(&self, raw: RawConfig, cli: &Cli) -> Result<Config, ConfigError> {
+        let s = raw.server;
+        let defaults = self.supervision(
+            "module_defaults",
+            &raw.module_defaults,
+            &Supervision::default(),
+        )?;
+        let max_header_bytes = s.max_header_bytes.unwrap_or(64 * 1024);
+        if max_header_bytes < MIN_HEADER_BYTES {
+            return Err(self.invalid(
+                "server.max_header_bytes",
+                format!("must be at least {MIN_HEADER_BYTES}"),
+            ));
+        }
+        let server = ServerSettings {
+            max_request_body_bytes: s.max_request_body_bytes.unwrap_or(100 * 1024 * 1024),
+            max_header_bytes,
+            max_websocket_message_bytes: s.max_websocket_message_bytes.unwrap_or(64 * 1024 * 1024),
+            http_response_timeout: self.secs(
+                "server.http_response_timeout_secs",
+                s.http_response_timeout_secs,
+                Duration::from_secs(300),
+            )?,
+            shutdown_grace: self.secs(
+                "server.shutdown_grace_secs",
+                s.shutdown_grace_secs,
+                Duration::from_secs(10),
+            )?,
+        };
+
+        let mut modules = Vec::with_capacity(raw.modules.len());
+        let mut names = HashMap::new();
+        // (method, normalized path) -> (module, path as written)
+        let mut claimed: HashMap<(Method, String), (String, String)> = HashMap::new();
+        for host_path in HOST_PATHS {
+            for method in [Method::GET, Method::POST, Method::HEAD] {
+                claimed.insert(
+                    (method, normalize_pattern(host_path)),
+                    ("ray-dashd (host)".to_owned(), host_path.to_string()),
+                );
+            }
+        }
+        for (i, m) in raw.modules.into_iter().enumerate() {
+            let at = format!("modules[{i}]");
+            if m.name.is_empty()
+                || !m
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(self.invalid(
+                    format!("{at}.name"),
+                    format!("{:?} must match [A-Za-z0-9_-]+", m.name),
+                ));
+            }
+            if let Some(first) = names.insert(m.name.clone(), i) {
+                return Err(self.invalid(
+                    format!("{at}.name"),
+                    format!("{:?} is already the name of modules[{first}]", m.name),
+                ));
+            }
+            let mut command = m.command.into_iter();
+            let program = match command.next() {
+                Some(p) if !p.is_empty() => p,
+                _ => return Err(self.invalid(format!("{at}.command"), "must name a program")),
+            };
+            for key in m.env.keys() {
+                if key.is_empty() || key.contains('=') || key.contains('\0') {
+                    return Err(self.invalid(
+                        format!("{at}.env"),
+                        format!("{key:?} is not a valid variable name"),
+                    ));
+                }
+            }
+            let mut routes = Vec::with_capacity(m.routes.len());
+            for (j, r) in m.routes.into_iter().enumerate() {
+                let rat = format!("{at}.routes[{j}]");
+                let method = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| self.invalid(format!("{rat}.method"), "not an HTTP method"))?;
+                if r.kind == RouteKind::Websocket && method != Method::GET {
+                    return Err(
+                        self.invalid(format!("{rat}.method"), "a websocket route must be GET")
+                    );
+                }
+                check_pattern(&r.path).map_err(|p| self.invalid(format!("{rat}.path"), p))?;
+                let key = (method.clone(), normalize_pattern(&r.path));
+                if let Some((other, other_path)) = claimed.get(&key) {
+                    return Err(self.invalid(
+                        format!("{rat}.path"),
+                        format!(
+                            "{method} {} is claimed by both {other:?} ({other_path}) and {:?}",
+                            r.path, m.name
+                        ),
+                    ));
+                }
+                claimed.insert(key, (m.name.clone(), r.path.clone()));
+                routes.push(RouteSpec {
+                    method,
+                    path: r.path,
+                    kind: r.kind,
+                });
+            }
+            let supervision =
+                self.supervision(&format!("{at}.supervision"), &m.supervision, &defaults)?;
+            modules.push(ModuleSpec {
+                name: m.name,
+                program,
+                args: command.collect(),
+                env: m.env,
+                routes,
+                supervision,
+            });
+        }
+
+        Ok(Config {
+            session_dir: cli
+                .session_dir
+                .clone()
+                .or(s.session_dir)
+                .unwrap_or_else(|| PathBuf::from(crate::cli::DEFAULT_SESSION_DIR)),
+            host: cli.host.or(s.host).unwrap_or(IpAddr::from([127, 0, 0, 1])),
+            port: cli.port.or(s.port).unwrap_or(8265),
+            server,
+            modules,
+        })
+    }
+
+    fn secs(
+        &self,
+        field: &str,
+        value: Option<f64>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match value {
+            None => Ok(default),
+            Some(v) => Duration::try_from_secs_f64(v).map_err(|_| {
+                self.invalid(
+                    field,
+                    format!("{v} is not a non-negative number of seconds"),
+                )
+            }),
+        }
+    }
+
+    fn supervision(
+        &self,
+        at: &str,
+        raw: &RawSupervision,
+        base: &Supervision,
+    ) -> Result<Supervision, ConfigError> {
+        let f = |name: &str| format!("{at}.{name}");
+        let s = Supervision {
+            startup_timeout: self.secs(
+                &f("startup_timeout_secs"),
+                raw.startup_timeout_secs,
+                base.startup_timeout,
+            )?,
+            health_interval: self.secs(
+                &f("health_interval_secs"),
+                raw.health_interval_secs,
+                base.health_interval,
+            )?,
+            health_timeout: self.secs(
+                &f("health_timeout_secs"),
+                raw.health_timeout_secs,
+                base.health_timeout,
+            )?,
+            failure_threshold: raw.failure_threshold.unwrap_or(base.failure_threshold),
+            backoff_initial: self.secs(
+                &f("backoff_initial_secs"),
+                raw.backoff_initial_secs,
+                base.backoff_initial,
+            )?,
+            backoff_max: self.secs(
+                &f("backoff_max_secs"),
+                raw.backoff_max_secs,
+                base.backoff_max,
+            )?,
+            stable_after: self.secs(
+                &f("stable_after_secs"),
+                raw.stable_after_secs,
+                base.stable_after,
+            )?,
+            stop_grace: self.secs(&f("stop_grace_secs"), raw.stop_grace_secs, base.stop_grace)?,
+        };
+        let positive = [
+            ("startup_timeout_secs", s.startup_timeout),
+            ("health_interval_secs", s.health_interval),
+            ("health_timeout_secs", s.health_timeout),
+        ];
+        for (name, d) in positive {
+            if d.is_zero() {
+                return Err(self.invalid(f(name), "must be greater than zero"));
+            }
+        }
+        if s.failure_threshold == 0 {
+            return Err(self.invalid(f("failure_threshold"), "must be at least 1"));
+        }
+        if s.backoff_max < s.backoff_initial {
+            return Err(self.invalid(
+                f("backoff_max_secs"),
+                "must not be less than backoff_initial_secs",
+            ));
+        }
+        Ok(s)
+    }
+}
+
+impl ModuleSpec {
+    /// The program to execute: a bare name is looked up first beside the
+    /// running `ray-dashd` executable (where the workspace's module binaries
+    /// are built), then on `PATH`; a path is used as written.
+    pub fn program(&self) -> PathBuf {
+        let program = Path::new(&self.program);
+        if program.components().count() == 1 {
+            if let Some(dir) = std::env::current_exe()
+                .ok()
+                .and_then(|exe| exe.parent().map(Path::to_path_buf))
+            {
+                let sibling = dir.join(program);
+                if sibling.is_file() {
+                    return sibling;
+                }
+            }
+        }
+        program.to_path_buf()
+    }
+}
+
+/// Checks an aiohttp-style path pattern: absolute, `{name}` segments only.
+fn check_pattern(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!("{path:?} must start with '/'"));
+    }
+    for segment in path.split('/') {
+        if let Some(inner) = segment.strip_prefix('{') {
+            let Some(name) = inner.strip_suffix('}') else {
+                return Err(format!(
+                    "{path:?}: segment {segment:?} must be a whole {{name}}"
+                ));
+            };
+            let valid = name.bytes().enumerate().all(|(i, b)| {
+                b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit())
+            });
+            if name.is_empty() || !valid {
+                return Err(format!(
+                    "{path:?}: parameter {segment:?} must be {{name}} with name [A-Za-z_][A-Za-z0-9_]* (regex parameters are not supported)"
+                ));
+            }
+        } else if segment.contains(['{', '}']) {
+            return Err(format!(
+                "{path:?}: segment {segment:?} mixes text and a parameter"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The pattern with every parameter renamed by position, so that
+/// `/a/{x}` and `/a/{y}` count as the same path.
+pub(crate) fn normalize_pattern(path: &str) -> String {
+    let mut n = 0;
+    path.split('/')
+        .map(|segment| {
+            if segment.starts_with('{') {
+                n += 1;
+                format!("{{p{n}}}")
+            } else {
+                segment.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn cli(args: &[&str]) -> Cli {
+        let mut argv = vec!["ray-dashd"];
+        argv.extend_from_slice(args);
+        Cli::parse_from(argv)
+    }
+
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml("test.toml", text, &cli(&[]))
+    }
+
+    #[test]
+    fn builtin_default_config_is_valid() {
+        let config = Config::load(&cli(&[])).expect("default config");
+        assert_eq!(config.port, 8265);
+        assert_eq!(config.host, IpAddr::from([127, 0, 0, 1]));
+        assert_eq!(config.session_dir, PathBuf::from("/tmp/ray/session_latest"));
+        assert!(!config.modules.is_empty());
+    }
+
+    #[test]
+    fn command_line_overrides_file() {
+        let text = "[server]\nport = 9000\nhost = \"0.0.0.0\"\n";
+        let c = Config::from_toml("t.toml", text, &cli(&["--port", "9100"])).expect("valid");
+        assert_eq!(c.port, 9100);
+        assert_eq!(c.host, IpAddr::from([0, 0, 0, 0]));
+    }
+
+    #[test]
+    fn unknown_field_names_file_field_and_problem() {
+        let err = load("[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nbogus = 1\n")
+            .expect_err("unknown field");
+        let msg = err.to_string();
+        assert!(msg.contains("test.toml"), "{msg}");
+        assert!(msg.contains("modules[0]"), "{msg}");
+        assert!(msg.contains("unknown field `bogus`"), "{msg}");
+    }
+
+    #[test]
+    fn bad_route_type_is_named() {
+        let text = "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\n[[modules.routes]]\nmethod = \"GET\"\npath = \"/x\"\ntype = \"sse\"\n";
+        let msg = load(text).expect_err("bad type").to_string();
+        assert!(msg.contains("modules[0].routes[0].type"), "{msg}");
+        assert!(msg.contains("sse"), "{msg}");
+    }
+
+    #[test]
+    fn bad_value_type_is_named() {
+        let msg = load("[module_defaults]\nfailure_threshold = \"three\"\n")
+            .expect_err("bad value")
+            .to_string();
+        assert!(msg.contains("module_defaults.failure_threshold"), "{msg}");
+    }
+
+    #[test]
+    fn duplicate_route_names_both_modules() {
+        let text = r#"
+[[modules]]
+name = "first"
+command = ["x"]
+routes = [{ method = "GET", path = "/api/jobs/{id}", type = "http" }]
+[[modules]]
+name = "second"
+command = ["y"]
+routes = [{ method = "get", path = "/api/jobs/{job}", type = "http" }]
+"#;
+        let msg = load(text).expect_err("duplicate").to_string();
+        assert!(
+            msg.contains("\"first\"") && msg.contains("\"second\""),
+            "{msg}"
+        );
+        assert!(msg.contains("modules[1].routes[0].path"), "{msg}");
+    }
+
+    #[test]
+    fn same_path_other_method_is_allowed() {
+        let text = r#"
+[[modules]]
+name = "a"
+command = ["x"]
+routes = [{ method = "GET", path = "/api/jobs/", type = "http" }]
+[[modules]]
+name = "b"
+command = ["y"]
+routes = [{ method = "POST", path = "/api/jobs/", type = "http" }]
+"#;
+        assert_eq!(load(text).expect("valid").modules.len(), 2);
+    }
+
+    #[test]
+    fn module_may_not_claim_host_paths() {
+        let text = "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nroutes = [{ method = \"GET\", path = \"/api/healthz\", type = \"http\" }]\n";
+        let msg = load(text).expect_err("host path").to_string();
+        assert!(msg.contains("ray-dashd (host)"), "{msg}");
+    }
+
+    #[test]
+    fn rejects_bad_names_patterns_and_settings() {
+        let cases = [
+            ("[[modules]]\nname = \"a b\"\ncommand = [\"x\"]\n", "modules[0].name"),
+            ("[[modules]]\nname = \"a\"\ncommand = []\n", "modules[0].command"),
+            (
+                "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\n[[modules]]\nname = \"a\"\ncommand = [\"x\"]\n",
+                "modules[1].name",
+            ),
+            (
+                "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nroutes = [{ method = \"GET\", path = \"/x/{id:\\\\d+}\", type = \"http\" }]\n",
+                "modules[0].routes[0].path",
+            ),
+            (
+                "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nroutes = [{ method = \"POST\", path = \"/ws\", type = \"websocket\" }]\n",
+                "modules[0].routes[0].method",
+            ),
+            ("[module_defaults]\nfailure_threshold = 0\n", "module_defaults.failure_threshold"),
+            ("[module_defaults]\nhealth_timeout_secs = -1\n", "module_defaults.health_timeout_secs"),
+            ("[server]\nmax_header_bytes = 100\n", "server.max_header_bytes"),
+        ];
+        for (text, field) in cases {
+            let msg = load(text).expect_err(text).to_string();
+            assert!(msg.contains(field), "{field} not in {msg}");
+            assert!(msg.contains("test.toml"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn module_supervision_overrides_defaults() {
+        let text = r#"
+[module_defaults]
+failure_threshold = 5
+[[modules]]
+name = "a"
+command = ["x"]
+supervision = { health_timeout_secs = 0.25 }
+"#;
+        let c = load(text).expect("valid");
+        let s = &c.modules[0].supervision;
+        assert_eq!(s.failure_threshold, 5);
+        assert_eq!(s.health_timeout, Duration::from_millis(250));
+        assert_eq!(s.health_interval, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn normalized_patterns_ignore_parameter_names() {
+        assert_eq!(
+            normalize_pattern("/a/{x}/b/{y}"),
+            normalize_pattern("/a/{id}/b/{z}")
+        );
+        assert_ne!(normalize_pattern("/a/{x}"), normalize_pattern("/a/x"));
+    }
+}

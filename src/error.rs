@@ -1,0 +1,196 @@
+//! Errors. A [`StartupError`] ends the process; a [`ProxyError`] becomes one
+//! HTTP response, through the single mapping in its `IntoResponse`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("config {path}: cannot read: {source}")]
+    Read {
+        /// The file named by `--config`.
+        path: PathBuf,
+        /// Why it could not be read.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A field is missing, unknown or has a bad value.
+    #[error("config {file}: {field}: {problem}")]
+    Invalid {
+        /// The file the value came from.
+        file: String,
+        /// The field's path, such as `modules[1].routes[0].path`.
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// Anything that stops ray-dashd from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// See [`ConfigError`].
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The session folder could not be prepared.
+    #[error("session folder {path}: {source}")]
+    Session {
+        /// The folder (or the entry in it) that failed.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A module's socket path does not fit in `sockaddr_un`.
+    #[error("socket path {path} is {len} bytes, over the AF_UNIX limit of {limit}; use a shorter --session-dir")]
+    SocketPathTooLong {
+        /// The path that is too long.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The most the kernel accepts.
+        limit: usize,
+    },
+    /// The HTTP listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Logging could not be set up.
+    #[error("cannot open log file {path}: {source}")]
+    Log {
+        /// The log file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StartupError {
+    /// The exit code: 64 (EX_USAGE) for configuration, 1 for the rest.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            StartupError::Config(_) => 64,
+            _ => 1,
+        }
+    }
+}
+
+/// Why a request could not be forwarded to a module.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// No route claims the path.
+    #[error("no route for {path}")]
+    NotFound {
+        /// The request path.
+        path: String,
+    },
+    /// A route claims the path, but not with this method.
+    #[error("method {method} not allowed on {path}")]
+    MethodNotAllowed {
+        /// The request method.
+        method: String,
+        /// The request path.
+        path: String,
+        /// The methods that the path accepts, for the `Allow` header.
+        allow: String,
+    },
+    /// The module is starting, restarting or backing off.
+    #[error("module {module} is not ready ({state})")]
+    NotReady {
+        /// The module's name.
+        module: String,
+        /// Its state, such as `starting` or `backoff`.
+        state: &'static str,
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// The module could not be reached, or broke off the exchange.
+    #[error("module {module} failed: {reason}")]
+    Upstream {
+        /// The module's name.
+        module: String,
+        /// What happened.
+        reason: String,
+    },
+    /// The module did not start its response in time.
+    #[error("module {module} did not answer within {after:?}")]
+    Timeout {
+        /// The module's name.
+        module: String,
+        /// The deadline that passed.
+        after: Duration,
+    },
+    /// The request body is over the limit.
+    #[error("request body over the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The request is malformed.
+    #[error("bad request: {reason}")]
+    BadRequest {
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl ProxyError {
+    fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::NotReady { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    fn module(&self) -> Option<&str> {
+        match self {
+            ProxyError::NotReady { module, .. }
+            | ProxyError::Upstream { module, .. }
+            | ProxyError::Timeout { module, .. } => Some(module),
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for ProxyError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = serde_json::json!({
+            "error": status.canonical_reason().unwrap_or("error"),
+            "module": self.module(),
+            "message": self.to_string(),
+        });
+        let mut response = (status, axum::Json(body)).into_response();
+        let headers = response.headers_mut();
+        match &self {
+            ProxyError::NotReady { retry_after, .. } => {
+                let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            ProxyError::MethodNotAllowed { allow, .. } => {
+                if let Ok(value) = HeaderValue::from_str(allow) {
+                    headers.insert(header::ALLOW, value);
+                }
+            }
+            _ => {}
+        }
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        response
+    }
+}

@@ -1,0 +1,111 @@
+//! ray-dashd: the head-node web process of a Ray cluster.
+//!
+//! # Layout
+//!
+//! - [`cli`] and [`config`]: the command line and the TOML config, validated
+//!   into typed values before anything binds or spawns.
+//! - [`session`]: the session folder, its `sockets/` and `logs/`.
+//! - [`supervisor`]: one task per module; spawn, health-check, restart.
+//! - [`proxy`] and [`routes`]: forwarding module routes over Unix sockets.
+//! - [`server`]: the host's own routes, the UI, the accept loop.
+//! - [`shutdown`] and [`logging`]: signals and tracing.
+
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod logging;
+pub mod proxy;
+pub mod routes;
+pub mod server;
+pub mod session;
+pub mod shutdown;
+pub mod supervisor;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::error::StartupError;
+use crate::proxy::Proxy;
+use crate::server::AppState;
+use crate::session::Session;
+use crate::supervisor::Supervisor;
+
+/// Extra time the modules get to stop, beyond their own stop grace.
+const MODULE_STOP_SLACK: Duration = Duration::from_secs(2);
+
+/// Prepares the session, starts logging and the runtime, binds, and serves
+/// until SIGTERM or SIGINT.
+pub fn launch(config: Config) -> Result<(), StartupError> {
+    let session = Session::prepare(&config.session_dir)?;
+    for module in &config.modules {
+        Session::check_socket_path(&session.socket_path(&module.name))?;
+    }
+    let _log_guard = logging::init(&session)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| StartupError::Session {
+            path: session.dir.clone(),
+            source,
+        })?;
+    runtime.block_on(async {
+        let addr = SocketAddr::new(config.host, config.port);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartupError::Bind { addr, source })?;
+        let shutdown = shutdown::signal().map_err(|source| StartupError::Session {
+            path: session.dir.clone(),
+            source,
+        })?;
+        run(config, session, listener, shutdown).await;
+        Ok(())
+    })
+}
+
+/// Starts the modules and serves on `listener` until `shutdown` resolves;
+/// then drains the HTTP server, stops the modules and removes their sockets.
+pub async fn run(
+    config: Config,
+    session: Session,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) {
+    let local = listener.local_addr().ok();
+    let supervisor = Arc::new(Supervisor::start(&config.modules, &session));
+    let proxy = Arc::new(Proxy::new(
+        supervisor.modules().to_vec(),
+        config.server.clone(),
+    ));
+    let app = server::router(AppState {
+        supervisor: Arc::clone(&supervisor),
+        proxy,
+    });
+    info!(
+        addr = ?local,
+        session = %session.dir.display(),
+        modules = config.modules.len(),
+        "ray-dashd listening"
+    );
+    server::serve(listener, app, &config.server, shutdown).await;
+
+    let stop_budget = config
+        .modules
+        .iter()
+        .map(|m| m.supervision.stop_grace)
+        .max()
+        .unwrap_or_default()
+        + MODULE_STOP_SLACK;
+    match tokio::time::timeout(stop_budget, supervisor.shutdown()).await {
+        Ok(()) => info!("modules stopped"),
+        Err(_) => warn!(
+            budget_ms = stop_budget.as_millis() as u64,
+            "modules did not stop in time"
+        ),
+    }
+}

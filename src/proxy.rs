@@ -1,0 +1,256 @@
+//! The reverse proxy: forwards a request to the module that owns its route,
+//! over the module's Unix socket, as plain HTTP, a stream or a websocket.
+//! Bodies stream in both directions; nothing is buffered whole.
+
+mod body;
+mod headers;
+mod websocket;
+
+use std::path::Path;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use http::{header, HeaderValue, Request, Uri, Version};
+use http_body_util::{LengthLimitError, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use hyperlocal::UnixConnector;
+
+use crate::config::{RouteKind, ServerSettings};
+use crate::error::ProxyError;
+use crate::routes::{Lookup, RouteTable};
+use crate::supervisor::{Gate, ModuleHandle};
+
+pub(crate) use body::CancelableBody;
+pub(crate) use headers::strip_hop_by_hop;
+
+/// A connection pool to one incarnation of one module.
+pub type ModuleClient = Client<UnixConnector, Body>;
+
+/// How long an idle pooled connection to a module is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Makes the connection pool for a new incarnation.
+pub fn new_module_client() -> ModuleClient {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .build(UnixConnector)
+}
+
+/// The URI of `path_and_query` on the module listening at `socket`.
+pub fn module_uri(socket: &Path, path_and_query: &str) -> Uri {
+    hyperlocal::Uri::new(socket, path_and_query).into()
+}
+
+/// An error and its causes, joined with `: `.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.is::<E>() {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+/// The module routes and what is needed to forward to them.
+#[derive(Debug)]
+pub struct Proxy {
+    table: RouteTable,
+    modules: Vec<ModuleHandle>,
+    settings: ServerSettings,
+}
+
+impl Proxy {
+    /// A proxy to `modules` (in configuration order, as the table indexes them).
+    pub fn new(modules: Vec<ModuleHandle>, settings: ServerSettings) -> Proxy {
+        let specs: Vec<_> = modules.iter().map(|m| m.spec().clone()).collect();
+        Proxy {
+            table: RouteTable::new(&specs),
+            modules,
+            settings,
+        }
+    }
+
+    /// Whether a module route claims `path` (with any method).
+    pub fn claims(&self, request: &Request<Body>) -> bool {
+        !matches!(
+            self.table.lookup(request.method(), request.uri().path()),
+            Lookup::NotFound
+        )
+    }
+
+    /// Forwards `request` to its module; every failure is a [`ProxyError`].
+    pub async fn forward(&self, request: Request<Body>) -> Result<Response, ProxyError> {
+        let target = match self.table.lookup(request.method(), request.uri().path()) {
+            Lookup::Found(target) => target,
+            Lookup::MethodNotAllowed(allow) => {
+                return Err(ProxyError::MethodNotAllowed {
+                    method: request.method().to_string(),
+                    path: request.uri().path().to_owned(),
+                    allow,
+                })
+            }
+            Lookup::NotFound => {
+                return Err(ProxyError::NotFound {
+                    path: request.uri().path().to_owned(),
+                })
+            }
+        };
+        let module = &self.modules[target.module];
+        let gate = module.admit()?;
+        match target.kind {
+            RouteKind::Websocket if websocket::is_upgrade(&request) => {
+                websocket::forward(module, gate, request, &self.settings).await
+            }
+            kind => self.forward_http(module, gate, request, kind).await,
+        }
+    }
+
+    async fn forward_http(
+        &self,
+        module: &ModuleHandle,
+        gate: Gate,
+        request: Request<Body>,
+        kind: RouteKind,
+    ) -> Result<Response, ProxyError> {
+        let limit = self.settings.max_request_body_bytes;
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > limit) {
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+        let (parts, body) = request.into_parts();
+        let body = Body::new(Limited::new(
+            body,
+            usize::try_from(limit).unwrap_or(usize::MAX),
+        ));
+        let upstream = upstream_request(module, parts, body);
+        let deadline = match kind {
+            RouteKind::Http => Some(self.settings.http_response_timeout),
+            RouteKind::Stream | RouteKind::Websocket => None,
+        };
+        let response = send(module, &gate, upstream, deadline)
+            .await
+            .map_err(|e| match e {
+                SendError::BodyTooLarge => ProxyError::BodyTooLarge { limit },
+                SendError::Proxy(e) => e,
+            })?;
+        Ok(downstream_response(module, &gate, response))
+    }
+}
+
+/// Rewrites the client's request for the module: same method, path, query,
+/// headers and body; HTTP/1.1 to the module's socket, hop-by-hop headers out.
+fn upstream_request(
+    module: &ModuleHandle,
+    mut parts: http::request::Parts,
+    body: Body,
+) -> Request<Body> {
+    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let uri = module_uri(module.socket(), path_and_query);
+    if !parts.headers.contains_key(header::HOST) {
+        // HTTP/2 clients name the host in the URI; HTTP/1.1 needs the header.
+        if let Some(host) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            parts.headers.insert(header::HOST, host);
+        }
+    }
+    strip_hop_by_hop(&mut parts.headers);
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    Request::from_parts(parts, body)
+}
+
+/// The module's response for the client: hop-by-hop headers out, the body
+/// cut if the incarnation fails.
+fn downstream_response(
+    module: &ModuleHandle,
+    gate: &Gate,
+    response: http::Response<hyper::body::Incoming>,
+) -> Response {
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let body = Body::new(CancelableBody::new(body, &gate.cancel, module.name()));
+    Response::from_parts(parts, body)
+}
+
+enum SendError {
+    BodyTooLarge,
+    Proxy(ProxyError),
+}
+
+/// Sends `request` and waits for the response head, bounded by `deadline`
+/// and by the incarnation's health.
+async fn send(
+    module: &ModuleHandle,
+    gate: &Gate,
+    request: Request<Body>,
+    deadline: Option<Duration>,
+) -> Result<http::Response<hyper::body::Incoming>, SendError> {
+    let name = module.name();
+    let exchange = gate.client.request(request);
+    let bounded = async {
+        match deadline {
+            Some(after) => tokio::time::timeout(after, exchange)
+                .await
+                .map_err(|_| after),
+            None => Ok(exchange.await),
+        }
+    };
+    let result = tokio::select! {
+        biased;
+        _ = gate.cancel.cancelled() => {
+            return Err(SendError::Proxy(ProxyError::Upstream {
+                module: name.to_owned(),
+                reason: format!("incarnation {} failed while handling the request", gate.incarnation),
+            }));
+        }
+        result = bounded => result,
+    };
+    match result {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => Err(SendError::BodyTooLarge),
+        Ok(Err(e)) => {
+            let reason = if e.is_connect() {
+                format!(
+                    "cannot connect to {}: {}",
+                    module.socket().display(),
+                    error_chain(&e)
+                )
+            } else {
+                error_chain(&e)
+            };
+            Err(SendError::Proxy(ProxyError::Upstream {
+                module: name.to_owned(),
+                reason,
+            }))
+        }
+        Err(after) => Err(SendError::Proxy(ProxyError::Timeout {
+            module: name.to_owned(),
+            after,
+        })),
+    }
+}

@@ -1,0 +1,64 @@
+//! A response body that ends with an error the moment its module's
+//! incarnation fails, so that a stream from a hung module is cut at once.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+/// The body error seen by the client's connection when the module failed.
+#[derive(Debug, thiserror::Error)]
+#[error("module {0} failed while answering")]
+pub(crate) struct ModuleFailed(pub(crate) String);
+
+/// [`Incoming`] from a module, cut when `cancelled` fires.
+pub(crate) struct CancelableBody {
+    inner: Incoming,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    module: String,
+}
+
+impl std::fmt::Debug for CancelableBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CancelableBody")
+            .field("module", &self.module)
+            .finish()
+    }
+}
+
+impl CancelableBody {
+    pub(crate) fn new(inner: Incoming, cancel: &CancellationToken, module: &str) -> Self {
+        CancelableBody {
+            inner,
+            cancelled: Box::pin(cancel.clone().cancelled_owned()),
+            module: module.to_owned(),
+        }
+    }
+}
+
+impl Body for CancelableBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(ModuleFailed(self.module.clone()).into())));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

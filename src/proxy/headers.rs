@@ -1,0 +1,74 @@
+//! Hop-by-hop headers: they describe one connection and never cross the
+//! proxy, in either direction (RFC 9110 §7.6.1).
+
+use http::header::{self, HeaderMap, HeaderName};
+
+/// The hop-by-hop headers RFC 9110 §7.6.1 lists, with `Keep-Alive`,
+/// `Proxy-Connection` and the proxy authentication pair that RFC 9110
+/// §11.7 scopes to one hop.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes the hop-by-hop headers and every header that `Connection` names.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn strips_listed_and_connection_named_headers_keeps_repeats() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("X-Secret, keep-alive"),
+        );
+        h.append(header::CONNECTION, HeaderValue::from_static("x-other"));
+        h.append("x-secret", HeaderValue::from_static("1"));
+        h.append("x-other", HeaderValue::from_static("1"));
+        h.append("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.append("proxy-connection", HeaderValue::from_static("keep-alive"));
+        h.append(header::TE, HeaderValue::from_static("trailers"));
+        h.append(header::TRAILER, HeaderValue::from_static("x-t"));
+        h.append(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.append(header::UPGRADE, HeaderValue::from_static("h2c"));
+        h.append(
+            header::PROXY_AUTHORIZATION,
+            HeaderValue::from_static("Basic x"),
+        );
+        h.append(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic"),
+        );
+        h.append(header::SET_COOKIE, HeaderValue::from_static("a=1"));
+        h.append(header::SET_COOKIE, HeaderValue::from_static("b=2"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["set-cookie"]);
+        assert_eq!(h.get_all(header::SET_COOKIE).iter().count(), 2);
+    }
+}

@@ -1,0 +1,238 @@
+//! The HTTP server: the host's own routes, the static UI, the proxy as the
+//! fallback, and the accept loop with its limits and graceful drain.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tower_http::trace::TraceLayer;
+use tracing::{debug, info, warn};
+
+use crate::config::ServerSettings;
+use crate::proxy::Proxy;
+use crate::supervisor::Supervisor;
+
+/// How long a client may take to send a request's head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most headers in one request (hyper's default is 100).
+const MAX_HEADERS: usize = 128;
+/// Pause after a failed accept (such as EMFILE) before trying again.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// What the handlers share.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The modules.
+    pub supervisor: Arc<Supervisor>,
+    /// The module routes.
+    pub proxy: Arc<Proxy>,
+}
+
+/// The UI, built into the binary from `static/`.
+#[derive(rust_embed::RustEmbed)]
+#[folder = "static/"]
+struct Assets;
+
+/// The host's routes, with the proxy (then the UI) behind them.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/api/healthz", get(healthz))
+        .route("/api/modules", get(list_modules))
+        .route("/api/modules/{name}", get(show_module))
+        .route("/api/modules/{name}/restart", post(restart_module))
+        .fallback(fallback)
+        .with_state(state)
+        // Outermost, so every request, proxied or not, gets a span.
+        .layer(TraceLayer::new_for_http())
+}
+
+async fn healthz() -> impl IntoResponse {
+    ([(header::CACHE_CONTROL, "no-store")], "success")
+}
+
+async fn list_modules(State(state): State<AppState>) -> impl IntoResponse {
+    let reports: Vec<_> = state
+        .supervisor
+        .modules()
+        .iter()
+        .map(|m| m.report())
+        .collect();
+    ([(header::CACHE_CONTROL, "no-store")], Json(reports))
+}
+
+async fn show_module(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+    match state.supervisor.get(&name) {
+        Some(module) => {
+            ([(header::CACHE_CONTROL, "no-store")], Json(module.report())).into_response()
+        }
+        None => unknown_module(&name),
+    }
+}
+
+async fn restart_module(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+    let Some(module) = state.supervisor.get(&name) else {
+        return unknown_module(&name);
+    };
+    if module.restart() {
+        info!(module = %name, "restart requested through the API");
+        (
+            StatusCode::ACCEPTED,
+            Json(serde_json::json!({ "module": name, "restarting": true })),
+        )
+            .into_response()
+    } else {
+        let body = serde_json::json!({
+            "module": name,
+            "restarting": false,
+            "message": "a restart of this module is already pending",
+        });
+        (StatusCode::CONFLICT, Json(body)).into_response()
+    }
+}
+
+fn unknown_module(name: &str) -> Response {
+    let body =
+        serde_json::json!({ "error": "Not Found", "message": format!("no module named {name:?}") });
+    (StatusCode::NOT_FOUND, Json(body)).into_response()
+}
+
+/// Module routes first; paths no module claims are looked up in the UI.
+async fn fallback(State(state): State<AppState>, request: Request<Body>) -> Response {
+    if !state.proxy.claims(&request) {
+        if let Some(response) =
+            static_asset(request.method(), request.uri().path(), request.headers())
+        {
+            return response;
+        }
+    }
+    match state.proxy.forward(request).await {
+        Ok(response) => response,
+        Err(error) => {
+            debug!(%error, "request not forwarded");
+            error.into_response()
+        }
+    }
+}
+
+/// Serves a file of the embedded UI at its own path or under `/dashd/`;
+/// `/` and folders serve their `index.html`. Only embedded files exist, so
+/// no path can reach outside `static/`.
+fn static_asset(method: &Method, path: &str, headers: &HeaderMap) -> Option<Response> {
+    if method != Method::GET && method != Method::HEAD {
+        return None;
+    }
+    let relative = path
+        .strip_prefix("/dashd")
+        .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+        .unwrap_or(path);
+    let relative = relative.trim_start_matches('/');
+    let name = if relative.is_empty() || relative.ends_with('/') {
+        format!("{relative}index.html")
+    } else {
+        relative.to_owned()
+    };
+    let file = Assets::get(&name)?;
+    let etag = format!("\"{}\"", hex(&file.metadata.sha256_hash()[..16]));
+    let cache = if name.ends_with(".html") {
+        "no-cache"
+    } else {
+        "public, max-age=300, must-revalidate"
+    };
+    let mut response = if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        == Some(etag.as_str())
+    {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else if method == Method::HEAD {
+        Response::new(Body::empty())
+    } else {
+        Response::new(Body::from(file.data.into_owned()))
+    };
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(file.metadata.mimetype()) {
+        h.insert(header::CONTENT_TYPE, v);
+    }
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    Some(response)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Accepts connections on `listener` until `shutdown` resolves, then stops
+/// accepting and lets in-flight requests finish within the grace period.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    settings: &ServerSettings,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(settings.max_header_bytes)
+        .max_headers(MAX_HEADERS);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+    let service = TowerToHyperService::new(app);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    info!(
+        connections = graceful.count(),
+        "stopped accepting; draining"
+    );
+    tokio::select! {
+        _ = graceful.shutdown() => info!("drained"),
+        _ = tokio::time::sleep(settings.shutdown_grace) => {
+            warn!(grace_ms = settings.shutdown_grace.as_millis() as u64, "drain timed out");
+        }
+    }
+}

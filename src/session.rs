@@ -1,0 +1,159 @@
+//! The session folder: where module sockets and logs live. Laid out the way
+//! Ray lays out its own, so that ray-dashd and `ray start` can share it.
+
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::StartupError;
+
+/// The most bytes a Unix socket path may have (`sun_path` less its NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// The name Ray gives the link to its newest session.
+const LATEST_LINK: &str = "session_latest";
+
+/// A prepared session folder.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The session folder as given (it may be the `session_latest` link).
+    pub dir: PathBuf,
+    /// `<dir>/sockets`, mode 0700: the modules' sockets.
+    pub sockets: PathBuf,
+    /// `<dir>/logs`: the host's and the modules' logs.
+    pub logs: PathBuf,
+}
+
+impl Session {
+    /// Makes sure the folder, `sockets/` (0700) and `logs/` exist. A missing
+    /// `.../session_latest` is made the way Ray makes it: a real
+    /// `session_<time>_<pid>` folder beside it and a link to that, so that a
+    /// later `ray start` can move the link. Nothing already there is removed.
+    pub fn prepare(dir: &Path) -> Result<Session, StartupError> {
+        let err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StartupError::Session { path, source }
+        };
+        if !dir.exists() {
+            create_session_dir(dir).map_err(err(dir))?;
+        }
+        let sockets = dir.join("sockets");
+        match DirBuilder::new().mode(0o700).create(&sockets) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let meta = fs::metadata(&sockets).map_err(err(&sockets))?;
+                if !meta.is_dir() {
+                    return Err(err(&sockets)(io::Error::other(
+                        "exists and is not a folder",
+                    )));
+                }
+                if meta.permissions().mode() & 0o077 != 0 {
+                    fs::set_permissions(&sockets, fs::Permissions::from_mode(0o700))
+                        .map_err(err(&sockets))?;
+                }
+            }
+            Err(e) => return Err(err(&sockets)(e)),
+        }
+        let logs = dir.join("logs");
+        fs::create_dir_all(&logs).map_err(err(&logs))?;
+        Ok(Session {
+            dir: dir.to_path_buf(),
+            sockets,
+            logs,
+        })
+    }
+
+    /// The socket a module listens on: `<session>/sockets/dash_<name>`.
+    pub fn socket_path(&self, module: &str) -> PathBuf {
+        self.sockets.join(format!("dash_{module}"))
+    }
+
+    /// Fails when `path` is too long to bind.
+    pub fn check_socket_path(path: &Path) -> Result<(), StartupError> {
+        let len = path.as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(StartupError::SocketPathTooLong {
+                path: path.to_path_buf(),
+                len,
+                limit: MAX_SOCKET_PATH,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn create_session_dir(dir: &Path) -> io::Result<()> {
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    if dir.file_name().and_then(|n| n.to_str()) != Some(LATEST_LINK) {
+        return fs::create_dir_all(dir);
+    }
+    let parent = parent.unwrap_or(Path::new("."));
+    fs::create_dir_all(parent)?;
+    // Ray names sessions session_<date>_<time>_<micros>_<pid>.
+    let stamp = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
+    let stamp = stamp
+        .trim_end_matches('Z')
+        .replace('T', "_")
+        .replace([':', '.'], "-");
+    let name = format!("session_{stamp}_{}", std::process::id());
+    fs::create_dir(parent.join(&name))?;
+    match std::os::unix::fs::symlink(&name, dir) {
+        // Someone else made it meanwhile: use theirs.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creates_latest_as_link_to_real_session() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let latest = tmp.path().join("ray").join(LATEST_LINK);
+        let session = Session::prepare(&latest).expect("prepare");
+        let meta = fs::symlink_metadata(&latest).expect("link");
+        assert!(meta.file_type().is_symlink());
+        let target = fs::read_link(&latest).expect("target");
+        assert!(
+            target.to_string_lossy().starts_with("session_"),
+            "{target:?}"
+        );
+        let mode = fs::metadata(&session.sockets)
+            .expect("sockets")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert!(session.logs.is_dir());
+    }
+
+    #[test]
+    fn keeps_existing_content_and_tightens_sockets() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("session_x");
+        fs::create_dir_all(dir.join("sockets")).expect("mkdir");
+        fs::set_permissions(dir.join("sockets"), fs::Permissions::from_mode(0o755)).expect("chmod");
+        fs::write(dir.join("sockets").join("raylet"), b"keep").expect("write");
+        let session = Session::prepare(&dir).expect("prepare");
+        assert_eq!(
+            fs::read(session.sockets.join("raylet")).expect("kept"),
+            b"keep"
+        );
+        let mode = fs::metadata(&session.sockets)
+            .expect("sockets")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn long_socket_path_is_refused_with_the_limit() {
+        let path = PathBuf::from(format!("/{}", "x".repeat(120)));
+        let msg = Session::check_socket_path(&path)
+            .expect_err("too long")
+            .to_string();
+        assert!(msg.contains("107") && msg.contains("xxxx"), "{msg}");
+    }
+}

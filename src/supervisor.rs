@@ -1,0 +1,257 @@
+//! Module supervision: one task per module owns its process; cloneable
+//! [`ModuleHandle`]s let the proxy and the API read its state and steer it.
+//!
+//! # Theory of operation
+//!
+//! Each module runs in its own task ([`task::ModuleTask`]), which spawns an
+//! incarnation, probes `/api/healthz` until it answers 200, then checks it
+//! every `health_interval`, racing every wait against the process's exit, a
+//! control message and shutdown. When the incarnation fails, the task
+//! cancels the incarnation's [`CancellationToken`] (in-flight requests end at
+//! once), stops the process group (SIGTERM, SIGKILL after a grace), and
+//! starts the next incarnation after a backoff that doubles with each
+//! failure in a row. Nothing here runs on the request path but
+//! [`ModuleHandle::admit`], which reads the status under a short-held mutex.
+//! A module task never blocks another one or the HTTP server.
+
+mod health;
+mod spawn;
+mod state;
+mod task;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::config::ModuleSpec;
+use crate::error::ProxyError;
+use crate::session::Session;
+
+pub(crate) use state::Gate;
+use state::{epoch_ms, Status};
+pub use state::{Event, ModuleState};
+use task::{Control, ModuleTask};
+
+/// What a module shares between its task and its handles.
+#[derive(Debug)]
+pub(crate) struct ModuleShared {
+    pub(crate) spec: ModuleSpec,
+    /// `<session>/sockets/dash_<name>`.
+    pub(crate) socket: PathBuf,
+    status: Mutex<Status>,
+    controls: mpsc::Sender<Control>,
+}
+
+impl ModuleShared {
+    /// Runs `f` on the status. The lock is never held across an await.
+    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut Status) -> R) -> R {
+        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut status)
+    }
+}
+
+/// A cloneable reference to one supervised module.
+#[derive(Debug, Clone)]
+pub struct ModuleHandle {
+    shared: Arc<ModuleShared>,
+}
+
+impl ModuleHandle {
+    /// The module's name.
+    pub fn name(&self) -> &str {
+        &self.shared.spec.name
+    }
+
+    /// The module's configuration.
+    pub fn spec(&self) -> &ModuleSpec {
+        &self.shared.spec
+    }
+
+    /// The socket the module listens on.
+    pub fn socket(&self) -> &std::path::Path {
+        &self.shared.socket
+    }
+
+    /// Lets a request through to the healthy incarnation, or says why not.
+    pub(crate) fn admit(&self) -> Result<Gate, ProxyError> {
+        self.shared.update(|s| match (&s.gate, s.state) {
+            (Some(gate), ModuleState::Healthy) => Ok(gate.clone()),
+            (_, state) => {
+                let retry_after = s
+                    .next_start_at
+                    .and_then(|t| t.duration_since(SystemTime::now()).ok())
+                    .unwrap_or(Duration::from_secs(1));
+                Err(ProxyError::NotReady {
+                    module: self.name().to_owned(),
+                    state: state.as_str(),
+                    retry_after,
+                })
+            }
+        })
+    }
+
+    /// Asks for a restart of the module now. False when the module task is
+    /// already busy with an earlier request.
+    pub fn restart(&self) -> bool {
+        self.shared.controls.try_send(Control::Restart).is_ok()
+    }
+
+    /// The module's state, as `/api/modules` reports it.
+    pub fn report(&self) -> ModuleReport {
+        let spec = &self.shared.spec;
+        self.shared.update(|s| ModuleReport {
+            name: spec.name.clone(),
+            state: s.state,
+            pid: s.pid,
+            incarnation: s.incarnation,
+            restarts: s.restarts,
+            failures_in_row: s.failures_in_row,
+            failed_checks: s.failed_checks,
+            last_error: s.last_error.clone(),
+            started_at_ms: s.started_at.map(epoch_ms),
+            uptime_ms: s
+                .ready_at
+                .filter(|_| s.state == ModuleState::Healthy)
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .map(|d| d.as_millis() as u64),
+            last_health_rtt_us: s.last_health_rtt.map(|d| d.as_micros() as u64),
+            last_health_at_ms: s.last_health_at.map(epoch_ms),
+            backoff_ms: s.backoff.map(|d| d.as_millis() as u64),
+            next_start_at_ms: s.next_start_at.map(epoch_ms),
+            socket: self.shared.socket.display().to_string(),
+            command: std::iter::once(spec.program.clone())
+                .chain(spec.args.iter().cloned())
+                .collect(),
+            routes: spec
+                .routes
+                .iter()
+                .map(|r| RouteReport {
+                    method: r.method.to_string(),
+                    path: r.path.clone(),
+                    kind: r.kind.to_string(),
+                })
+                .collect(),
+            events: s.events.iter().cloned().collect(),
+        })
+    }
+}
+
+/// One module in `GET /api/modules`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModuleReport {
+    /// The module's name.
+    pub name: String,
+    /// Its state.
+    pub state: ModuleState,
+    /// The pid of the current process, if one runs.
+    pub pid: Option<u32>,
+    /// The current (or last) incarnation, counted from 0.
+    pub incarnation: Option<u32>,
+    /// Incarnations started after the first.
+    pub restarts: u32,
+    /// Failures since the module was last stable (they set the backoff).
+    pub failures_in_row: u32,
+    /// Failed health checks in a row of the current incarnation.
+    pub failed_checks: u32,
+    /// Why the module last failed.
+    pub last_error: Option<String>,
+    /// When the current process started (ms since the epoch).
+    pub started_at_ms: Option<u64>,
+    /// How long the current incarnation has been healthy.
+    pub uptime_ms: Option<u64>,
+    /// The last successful health check's round trip, in microseconds.
+    pub last_health_rtt_us: Option<u64>,
+    /// When the last health check finished (ms since the epoch).
+    pub last_health_at_ms: Option<u64>,
+    /// The last restart delay chosen, in milliseconds.
+    pub backoff_ms: Option<u64>,
+    /// While backing off: when the next incarnation starts.
+    pub next_start_at_ms: Option<u64>,
+    /// The Unix socket it serves on.
+    pub socket: String,
+    /// Its command line.
+    pub command: Vec<String>,
+    /// The routes forwarded to it.
+    pub routes: Vec<RouteReport>,
+    /// Its recent history, oldest first.
+    pub events: Vec<Event>,
+}
+
+/// One route in a [`ModuleReport`].
+#[derive(Debug, Clone, Serialize)]
+pub struct RouteReport {
+    /// The HTTP method.
+    pub method: String,
+    /// The path pattern.
+    pub path: String,
+    /// `http`, `stream` or `websocket`.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// All the modules of one host.
+#[derive(Debug)]
+pub struct Supervisor {
+    modules: Vec<ModuleHandle>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+}
+
+impl Supervisor {
+    /// Spawns a task for every module; each starts its first incarnation at
+    /// once and independently of the others.
+    pub fn start(specs: &[ModuleSpec], session: &Session) -> Supervisor {
+        let tracker = TaskTracker::new();
+        let stop = CancellationToken::new();
+        let modules = specs
+            .iter()
+            .map(|spec| {
+                let (controls_tx, controls_rx) = mpsc::channel(1);
+                let shared = Arc::new(ModuleShared {
+                    spec: spec.clone(),
+                    socket: session.socket_path(&spec.name),
+                    status: Mutex::new(Status::default()),
+                    controls: controls_tx,
+                });
+                let task = ModuleTask {
+                    shared: Arc::clone(&shared),
+                    session: session.clone(),
+                    controls: controls_rx,
+                    shutdown: stop.clone(),
+                };
+                let span = tracing::info_span!("module", module = %spec.name);
+                tracker.spawn(task.run().instrument(span));
+                ModuleHandle { shared }
+            })
+            .collect();
+        tracker.close();
+        Supervisor {
+            modules,
+            tracker,
+            stop,
+        }
+    }
+
+    /// Every module, in configuration order.
+    pub fn modules(&self) -> &[ModuleHandle] {
+        &self.modules
+    }
+
+    /// The module named `name`.
+    pub fn get(&self, name: &str) -> Option<&ModuleHandle> {
+        self.modules.iter().find(|m| m.name() == name)
+    }
+
+    /// Stops every module (SIGTERM, then SIGKILL after its grace) and waits
+    /// until all are stopped and their sockets removed.
+    pub async fn shutdown(&self) {
+        self.stop.cancel();
+        self.tracker.wait().await;
+    }
+}

@@ -1,0 +1,135 @@
+//! The process boundary: starting a module's process in its own process
+//! group, tied to the host's life, and stopping the whole group.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use crate::config::ModuleSpec;
+use crate::session::Session;
+
+/// How much of a log file's end is read to quote its last lines.
+const TAIL_BYTES: u64 = 4096;
+
+/// Starts one incarnation of `spec`. Its stdout and stderr are appended to
+/// `<logs>/dashboard_<name>.out` and `.err`.
+pub(crate) fn spawn_module(
+    spec: &ModuleSpec,
+    session: &Session,
+    socket: &Path,
+    incarnation: u32,
+) -> io::Result<Child> {
+    let append = |ext: &str| {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path(session, &spec.name, ext))
+    };
+    let mut cmd = Command::new(spec.program());
+    cmd.args(&spec.args)
+        .envs(&spec.env)
+        .env("RAY_DASHD_SOCKET", socket)
+        .env("RAY_DASHD_SESSION_DIR", &session.dir)
+        .env("RAY_DASHD_LOG_DIR", &session.logs)
+        .env("RAY_DASHD_MODULE", &spec.name)
+        .env("RAY_DASHD_INCARNATION", incarnation.to_string())
+        .stdin(Stdio::null())
+        .stdout(append("out")?)
+        .stderr(append("err")?)
+        // Its own group, so that stopping it reaches the processes it starts.
+        .process_group(0)
+        .kill_on_drop(true);
+    tie_to_parent(&mut cmd);
+    cmd.spawn()
+}
+
+/// Makes the kernel SIGKILL the child when the host dies, even by SIGKILL.
+#[allow(unsafe_code)]
+fn tie_to_parent(cmd: &mut Command) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs between fork and exec and makes only
+    // async-signal-safe system calls (prctl, getppid, kill); it allocates
+    // nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // The parent may have died before prctl took effect.
+            if nix::unistd::getppid() != parent {
+                nix::sys::signal::raise(Signal::SIGKILL)?;
+            }
+            Ok(())
+        });
+    }
+}
+
+/// `<logs>/dashboard_<name>.<ext>`.
+pub(crate) fn log_path(session: &Session, name: &str, ext: &str) -> std::path::PathBuf {
+    session.logs.join(format!("dashboard_{name}.{ext}"))
+}
+
+/// Sends `signal` to the process group led by `pid`; a group that is gone
+/// already is not an error.
+pub(crate) fn signal_group(pid: u32, signal: Signal) {
+    let Ok(raw) = i32::try_from(pid) else { return };
+    match killpg(Pid::from_raw(raw), signal) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => tracing::warn!(pid, %signal, error = %e, "cannot signal module process group"),
+    }
+}
+
+/// Stops an incarnation: SIGTERM to its group, SIGKILL after `grace`, then
+/// SIGKILL to whatever is left of the group. Returns how it ended.
+pub(crate) async fn stop_child(
+    pid: u32,
+    exit: std::pin::Pin<&mut impl std::future::Future<Output = io::Result<ExitStatus>>>,
+    exited: &mut Option<ExitStatus>,
+    grace: Duration,
+) -> Option<ExitStatus> {
+    if exited.is_none() {
+        signal_group(pid, Signal::SIGTERM);
+        let mut exit = exit;
+        match tokio::time::timeout(grace, exit.as_mut()).await {
+            Ok(status) => *exited = status.ok(),
+            Err(_) => {
+                tracing::warn!(
+                    pid,
+                    grace_ms = grace.as_millis() as u64,
+                    "module ignored SIGTERM, sending SIGKILL"
+                );
+                signal_group(pid, Signal::SIGKILL);
+                *exited = exit.await.ok();
+            }
+        }
+    }
+    // The leader is gone; its children in the group must not linger.
+    signal_group(pid, Signal::SIGKILL);
+    *exited
+}
+
+/// The last `lines` lines of a log file, for the failure report.
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if file
+        .seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)))
+        .is_err()
+    {
+        return String::new();
+    }
+    let mut buf = Vec::with_capacity(TAIL_BYTES as usize);
+    if file.take(TAIL_BYTES).read_to_end(&mut buf).is_err() {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

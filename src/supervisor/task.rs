@@ -1,0 +1,369 @@
+//! The per-module task: it alone owns the module's process, and runs its
+//! life: spawn, wait for ready, health-check, fail, stop, back off, respawn.
+
+use std::io;
+use std::path::Path;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::mpsc;
+use tokio::time::{interval_at, sleep, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::health::check_health;
+use super::spawn::{log_path, spawn_module, stop_child, tail};
+use super::state::{Gate, ModuleState};
+use super::ModuleShared;
+use crate::config::Supervision;
+use crate::proxy::new_module_client;
+use crate::session::Session;
+
+/// First pause between startup probes; it doubles up to [`MAX_STARTUP_POLL`].
+const FIRST_STARTUP_POLL: Duration = Duration::from_millis(20);
+/// Longest pause between startup probes: readiness is seen within this.
+const MAX_STARTUP_POLL: Duration = Duration::from_millis(250);
+/// Lines of each log quoted when a module fails.
+const TAIL_LINES: usize = 10;
+
+/// A request to a module task.
+#[derive(Debug)]
+pub(crate) enum Control {
+    /// Stop the current incarnation and start a new one now, without backoff.
+    Restart,
+}
+
+/// How an incarnation ended.
+enum End {
+    /// It exited, hung, failed its checks or never became ready.
+    Failed(String),
+    /// An operator asked for a restart.
+    Restart,
+    /// The host is shutting down.
+    Shutdown,
+}
+
+pub(crate) struct ModuleTask {
+    pub(crate) shared: Arc<ModuleShared>,
+    pub(crate) session: Session,
+    pub(crate) controls: mpsc::Receiver<Control>,
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl ModuleTask {
+    pub(crate) async fn run(mut self) {
+        let supervision = self.shared.spec.supervision.clone();
+        let mut failures_in_row = 0u32;
+        for incarnation in 0.. {
+            let (end, healthy_for) = self.run_incarnation(incarnation, &supervision).await;
+            match end {
+                End::Shutdown => break,
+                End::Restart => failures_in_row = 0,
+                End::Failed(_) => {
+                    if healthy_for >= supervision.stable_after {
+                        failures_in_row = 0;
+                    }
+                    failures_in_row += 1;
+                    let delay = backoff_delay(&supervision, failures_in_row);
+                    self.shared.update(|s| {
+                        s.failures_in_row = failures_in_row;
+                        s.backoff = Some(delay);
+                        s.pid = None;
+                        if !delay.is_zero() {
+                            s.state = ModuleState::Backoff;
+                            s.next_start_at = Some(SystemTime::now() + delay);
+                        }
+                    });
+                    if !delay.is_zero() {
+                        info!(
+                            delay_ms = delay.as_millis() as u64,
+                            failures_in_row, "module backing off"
+                        );
+                        tokio::select! {
+                            _ = sleep(delay) => {}
+                            _ = self.shutdown.cancelled() => break,
+                            Some(Control::Restart) = self.controls.recv() => failures_in_row = 0,
+                        }
+                    }
+                }
+            }
+        }
+        self.shared.update(|s| {
+            s.state = ModuleState::Stopped;
+            s.pid = None;
+            s.gate = None;
+            s.next_start_at = None;
+            s.record("stopped", "host shutting down");
+        });
+        if let Err(e) = remove_stale_socket(&self.shared.socket) {
+            warn!(error = %e, "cannot remove module socket");
+        }
+        info!("module stopped");
+    }
+
+    /// Runs one incarnation to its end; returns how it ended and how long it
+    /// was healthy.
+    async fn run_incarnation(&mut self, incarnation: u32, sup: &Supervision) -> (End, Duration) {
+        let shared = Arc::clone(&self.shared);
+        let socket = &shared.socket;
+        shared.update(|s| {
+            if s.incarnation.is_some() {
+                s.restarts += 1;
+            }
+            s.state = ModuleState::Starting;
+            s.incarnation = Some(incarnation);
+            s.pid = None;
+            s.failed_checks = 0;
+            s.gate = None;
+            s.ready_at = None;
+            s.next_start_at = None;
+        });
+        let spawned = remove_stale_socket(socket)
+            .and_then(|()| spawn_module(&shared.spec, &self.session, socket, incarnation));
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                let reason = format!("cannot start {}: {e}", shared.spec.program().display());
+                error!(incarnation, reason = %reason, "module failed");
+                shared.update(|s| {
+                    s.state = ModuleState::Unhealthy;
+                    s.last_error = Some(reason.clone());
+                    s.record("failed", reason.clone());
+                });
+                return (End::Failed(reason), Duration::ZERO);
+            }
+        };
+        let pid = child
+            .id()
+            .expect("UNWRAP: a child not yet awaited has a pid");
+        info!(incarnation, pid, "module spawned");
+        shared.update(|s| {
+            s.pid = Some(pid);
+            s.started_at = Some(SystemTime::now());
+            s.record("spawned", format!("pid {pid}"));
+        });
+
+        let mut exited: Option<ExitStatus> = None;
+        let exit = child.wait();
+        tokio::pin!(exit);
+        let client = new_module_client();
+        let mut ready_at = None;
+
+        let end = 'life: {
+            let ready = tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => break 'life End::Shutdown,
+                status = &mut exit => {
+                    exited = status.as_ref().ok().copied();
+                    break 'life End::Failed(format!("exited during startup ({})", describe(&status)));
+                }
+                Some(Control::Restart) = self.controls.recv() => break 'life End::Restart,
+                ready = wait_ready(&client, socket, sup) => ready,
+            };
+            let rtt = match ready {
+                Ok(rtt) => rtt,
+                Err(reason) => break 'life End::Failed(reason),
+            };
+            let cancel = CancellationToken::new();
+            ready_at = Some(Instant::now());
+            shared.update(|s| {
+                s.state = ModuleState::Healthy;
+                s.ready_at = Some(SystemTime::now());
+                s.last_health_rtt = Some(rtt);
+                s.last_health_at = Some(SystemTime::now());
+                s.gate = Some(Gate {
+                    client: client.clone(),
+                    cancel: cancel.clone(),
+                    incarnation,
+                });
+                s.record("ready", format!("pid {pid}"));
+            });
+            info!(incarnation, pid, "module ready");
+
+            let mut ticker = interval_at(
+                tokio::time::Instant::now() + sup.health_interval,
+                sup.health_interval,
+            );
+            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            let mut failed_checks = 0u32;
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = self.shutdown.cancelled() => break 'life End::Shutdown,
+                    status = &mut exit => {
+                        exited = status.as_ref().ok().copied();
+                        break 'life End::Failed(format!("exited ({})", describe(&status)));
+                    }
+                    Some(Control::Restart) = self.controls.recv() => break 'life End::Restart,
+                    _ = ticker.tick() => {}
+                }
+                let checked = tokio::select! {
+                    biased;
+                    _ = self.shutdown.cancelled() => break 'life End::Shutdown,
+                    status = &mut exit => {
+                        exited = status.as_ref().ok().copied();
+                        break 'life End::Failed(format!("exited ({})", describe(&status)));
+                    }
+                    checked = check_health(&client, socket, sup.health_timeout) => checked,
+                };
+                match checked {
+                    Ok(rtt) => {
+                        failed_checks = 0;
+                        shared.update(|s| {
+                            s.failed_checks = 0;
+                            s.last_health_rtt = Some(rtt);
+                            s.last_health_at = Some(SystemTime::now());
+                        });
+                    }
+                    Err(reason) => {
+                        failed_checks += 1;
+                        warn!(incarnation, pid, failed_checks, reason = %reason, "module health check failed");
+                        shared.update(|s| {
+                            s.failed_checks = failed_checks;
+                            s.last_health_at = Some(SystemTime::now());
+                        });
+                        if failed_checks >= sup.failure_threshold {
+                            break 'life End::Failed(format!(
+                                "{failed_checks} health checks failed in a row; last: {reason}"
+                            ));
+                        }
+                    }
+                }
+            }
+        };
+
+        // In-flight requests end now, whatever happens to the process.
+        let gate = shared.update(|s| s.gate.take());
+        if let Some(gate) = gate {
+            gate.cancel.cancel();
+        }
+        match &end {
+            End::Failed(reason) => {
+                shared.update(|s| {
+                    s.state = ModuleState::Unhealthy;
+                    s.last_error = Some(reason.clone());
+                    s.record("failed", reason.clone());
+                });
+                let (out, err) = (
+                    log_path(&self.session, &shared.spec.name, "out"),
+                    log_path(&self.session, &shared.spec.name, "err"),
+                );
+                let (out_tail, err_tail) = tokio::task::spawn_blocking(move || {
+                    (tail(&out, TAIL_LINES), tail(&err, TAIL_LINES))
+                })
+                .await
+                .unwrap_or_default();
+                error!(incarnation, pid, reason = %reason, stderr_tail = %err_tail, stdout_tail = %out_tail, "module failed");
+            }
+            End::Restart => shared.update(|s| {
+                s.state = ModuleState::Stopping;
+                s.record("restart", "restart requested");
+                info!(incarnation, pid, "module restart requested");
+            }),
+            End::Shutdown => shared.update(|s| s.state = ModuleState::Stopping),
+        }
+        let status = stop_child(pid, exit.as_mut(), &mut exited, sup.stop_grace).await;
+        info!(incarnation, pid, exit = ?status, "module process ended");
+        let healthy_for = ready_at.map(|t| t.elapsed()).unwrap_or_default();
+        (end, healthy_for)
+    }
+}
+
+/// Probes `/api/healthz` until it answers 200 or the startup budget is spent.
+async fn wait_ready(
+    client: &crate::proxy::ModuleClient,
+    socket: &Path,
+    sup: &Supervision,
+) -> Result<Duration, String> {
+    let deadline = Instant::now() + sup.startup_timeout;
+    let mut pause = FIRST_STARTUP_POLL;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let last = match check_health(client, socket, sup.health_timeout.min(left)).await {
+            Ok(rtt) => return Ok(rtt),
+            Err(e) => e,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "not ready within {:?}: {last}",
+                sup.startup_timeout
+            ));
+        }
+        sleep(pause.min(left)).await;
+        pause = (pause * 2).min(MAX_STARTUP_POLL);
+    }
+}
+
+/// The delay before the next incarnation after `failures` failures in a
+/// row: none after the first, then `initial`, doubling, capped at `max`.
+pub(crate) fn backoff_delay(sup: &Supervision, failures: u32) -> Duration {
+    if failures <= 1 {
+        return Duration::ZERO;
+    }
+    let factor = 1u32.checked_shl(failures - 2).unwrap_or(u32::MAX);
+    sup.backoff_initial
+        .checked_mul(factor)
+        .unwrap_or(sup.backoff_max)
+        .min(sup.backoff_max)
+}
+
+fn describe(status: &io::Result<ExitStatus>) -> String {
+    match status {
+        Ok(status) => status.to_string(),
+        Err(e) => format!("wait failed: {e}"),
+    }
+}
+
+/// Removes a socket file left by an earlier run; refuses to remove anything
+/// that is not a socket.
+pub(crate) fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Err(io::Error::other(format!(
+            "{} exists and is not a socket; not removing it",
+            path.display()
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_starts_at_zero_doubles_and_caps() {
+        let sup = Supervision {
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+            ..Supervision::default()
+        };
+        let delays: Vec<u64> = (1..=10)
+            .map(|n| backoff_delay(&sup, n).as_millis() as u64)
+            .collect();
+        assert_eq!(
+            delays,
+            [0, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
+        assert_eq!(backoff_delay(&sup, u32::MAX), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn stale_socket_removed_but_other_files_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+        drop(listener);
+        remove_stale_socket(&sock).expect("removed");
+        assert!(!sock.exists());
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").expect("write");
+        assert!(remove_stale_socket(&file).is_err());
+        assert!(file.exists());
+        remove_stale_socket(&dir.path().join("missing")).expect("missing is fine");
+    }
+}

@@ -158,6 +158,15 @@ impl ProxyError {
         }
     }
 
+    /// Whether a module broke an exchange it had accepted (502, 504): worth a
+    /// log line. A module not ready is already in its status and log.
+    pub fn is_upstream(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::Upstream { .. } | ProxyError::Timeout { .. }
+        )
+    }
+
     fn module(&self) -> Option<&str> {
         match self {
             ProxyError::NotReady { module, .. }

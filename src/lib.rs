@@ -76,7 +76,9 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) {
-    let local = listener.local_addr().ok();
+    let local = listener
+        .local_addr()
+        .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
     let supervisor = Arc::new(Supervisor::start(&config.modules, &session));
     let proxy = Arc::new(Proxy::new(
         supervisor.modules().to_vec(),
@@ -87,7 +89,7 @@ pub async fn run(
         proxy,
     });
     info!(
-        addr = ?local,
+        addr = %local,
         session = %session.dir.display(),
         modules = config.modules.len(),
         "ray-dashd listening"

@@ -88,17 +88,19 @@ impl Proxy {
         }
     }
 
-    /// Whether a module route claims `path` (with any method).
-    pub fn claims(&self, request: &Request<Body>) -> bool {
-        !matches!(
-            self.table.lookup(request.method(), request.uri().path()),
-            Lookup::NotFound
-        )
+    /// Finds the route for `request`.
+    pub fn lookup(&self, request: &Request<Body>) -> Lookup {
+        self.table.lookup(request.method(), request.uri().path())
     }
 
-    /// Forwards `request` to its module; every failure is a [`ProxyError`].
-    pub async fn forward(&self, request: Request<Body>) -> Result<Response, ProxyError> {
-        let target = match self.table.lookup(request.method(), request.uri().path()) {
+    /// Forwards `request` to the module `lookup` found for it; every failure
+    /// is a [`ProxyError`].
+    pub async fn forward(
+        &self,
+        lookup: Lookup,
+        request: Request<Body>,
+    ) -> Result<Response, ProxyError> {
+        let target = match lookup {
             Lookup::Found(target) => target,
             Lookup::MethodNotAllowed(allow) => {
                 return Err(ProxyError::MethodNotAllowed {

@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::ServerSettings;
 use crate::proxy::Proxy;
+use crate::routes::Lookup;
 use crate::supervisor::Supervisor;
 
 /// How long a client may take to send a request's head.
@@ -109,17 +110,22 @@ fn unknown_module(name: &str) -> Response {
 
 /// Module routes first; paths no module claims are looked up in the UI.
 async fn fallback(State(state): State<AppState>, request: Request<Body>) -> Response {
-    if !state.proxy.claims(&request) {
+    let lookup = state.proxy.lookup(&request);
+    if lookup == Lookup::NotFound {
         if let Some(response) =
             static_asset(request.method(), request.uri().path(), request.headers())
         {
             return response;
         }
     }
-    match state.proxy.forward(request).await {
+    match state.proxy.forward(lookup, request).await {
         Ok(response) => response,
         Err(error) => {
-            debug!(%error, "request not forwarded");
+            // The module's failures are the operator's concern; the client's
+            // own mistakes (404, 405, 413, 400) are not logged.
+            if error.is_upstream() {
+                warn!(%error, "request failed");
+            }
             error.into_response()
         }
     }

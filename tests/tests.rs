@@ -1,1 +1,16 @@
-fn main() {}
+//! Integration tests: the real `ray-dashd` binary, the test module behind
+//! it, driven over loopback. `cargo build --workspace` must run first.
+
+// Test helpers are `pub` for the sibling test modules, not for export.
+#![allow(unreachable_pub)]
+
+mod support;
+
+mod cli;
+mod proxy_http;
+mod proxy_stream;
+mod proxy_ws;
+mod python_module;
+mod shutdown;
+mod supervisor;
+mod ui;

@@ -1,1 +1,293 @@
-fn main() {}
+//! `ray-dashd-bench`: the load generator behind `bench/run.sh`.
+//!
+//! Every measuring subcommand prints one JSON line on stdout; `run.sh` tags
+//! those lines and `report` turns them into the Markdown table. The same
+//! binary drives every column (a backend's Unix socket, ray-dashd, nginx),
+//! so the client's own cost is identical in all of them.
+//!
+//! # Runtime
+//!
+//! The load tool shares the machine (2 cores on the reference box) with the
+//! proxy and the backend, so every cycle it burns is taken from them. By
+//! default it runs on a current-thread Tokio runtime: one core at most, no
+//! cross-thread wake-ups, no work stealing. `--threads N` (N > 1) switches to
+//! a multi-thread runtime for comparison. Measured on the 2-core reference
+//! box (aiohttp backend, 4 s points): 1 thread gave 34.4k/34.8k req/s
+//! direct at 16/64 connections and 19.6k/23.0k through ray-dashd, 2 threads
+//! 31.5k/34.7k and 17.1k/21.6k, at more client CPU per request (11.3 vs
+//! 9.7 µs): the second client thread only takes a core away from the
+//! backend and the proxy. Hence one thread.
+
+mod http_load;
+mod killtest;
+mod net;
+mod procfs;
+mod report;
+mod stream;
+mod ws;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::net::Target;
+
+/// Load generator for ray-dashd's benchmark; see bench/README.md.
+#[derive(Debug, Parser)]
+#[command(name = "ray-dashd-bench", version, about)]
+struct Cli {
+    /// Runtime worker threads of the load tool; 1 is a current-thread runtime.
+    #[arg(
+        long,
+        global = true,
+        default_value_t = 1,
+        env = "BENCH_LOADGEN_THREADS"
+    )]
+    threads: usize,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Closed-loop small GETs over keep-alive HTTP/1.1 connections:
+    /// {rps, p50_us, p99_us, requests, errors, cpu_us_per_req}.
+    Http(HttpArgs),
+    /// One large streamed GET (best of --runs): {mib_per_s, bytes}.
+    Stream(StreamArgs),
+    /// Websocket echo, one message outstanding per connection:
+    /// {msgs_per_s, p50_us, p99_us, messages, errors}.
+    Ws(WsArgs),
+    /// SIGKILL a module's process and time the first 200 through ray-dashd:
+    /// {ms_to_200, new_incarnation, ...}.
+    Killtest(KillArgs),
+    /// Wait until ray-dashd reports a module healthy: {pid, incarnation}.
+    WaitModule(WaitModuleArgs),
+    /// Wait until GET <path> on a target answers 200.
+    WaitHttp(WaitHttpArgs),
+    /// Peak and current RSS of processes, summed: {vmhwm_kib, vmrss_kib}.
+    Rss(RssArgs),
+    /// Render the tagged results of a run as a Markdown table.
+    Report(report::ReportArgs),
+}
+
+/// Where to send load, as `unix:/path/to.sock` or `tcp:127.0.0.1:PORT`.
+#[derive(Debug, Args)]
+struct TargetArgs {
+    /// `unix:/path/to.sock` or `tcp:127.0.0.1:PORT` (loopback only).
+    #[arg(long)]
+    target: Target,
+    /// The request path (with query, if any).
+    #[arg(long)]
+    path: String,
+}
+
+#[derive(Debug, Args)]
+struct HttpArgs {
+    #[command(flatten)]
+    to: TargetArgs,
+    /// Concurrent keep-alive connections, one request outstanding on each.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Unmeasured seconds of load before the measurement.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    #[command(flatten)]
+    cpu: CpuArgs,
+    /// The backend's pid, whose CPU per request is reported as well.
+    #[arg(long)]
+    backend_pid: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+struct StreamArgs {
+    #[command(flatten)]
+    to: TargetArgs,
+    /// Body size the response must have; a shorter one is an error.
+    #[arg(long)]
+    expect_bytes: Option<u64>,
+    /// Transfers to make; the best (and all) are reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[command(flatten)]
+    cpu: CpuArgs,
+}
+
+/// Processes whose CPU time over the measurement is reported.
+#[derive(Debug, Args)]
+struct CpuArgs {
+    /// Pids whose utime+stime over the measured window is reported per
+    /// request, message or GiB (comma-separated; summed).
+    #[arg(long, value_delimiter = ',')]
+    cpu_pids: Vec<u32>,
+    /// Kernel clock ticks per second (`getconf CLK_TCK`).
+    #[arg(long, default_value_t = 100)]
+    clk_tck: u64,
+}
+
+#[derive(Debug, Args)]
+struct WsArgs {
+    #[command(flatten)]
+    to: TargetArgs,
+    /// Concurrent websockets, one message outstanding on each.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Unmeasured seconds before the measurement.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Bytes in each text message.
+    #[arg(long, default_value_t = 32)]
+    message_bytes: usize,
+    #[command(flatten)]
+    cpu: CpuArgs,
+}
+
+#[derive(Debug, Args)]
+struct KillArgs {
+    /// ray-dashd's address, `127.0.0.1:PORT`.
+    #[arg(long)]
+    dashd: std::net::SocketAddr,
+    /// The module to kill.
+    #[arg(long)]
+    module: String,
+    /// The route polled (through ray-dashd) until it answers 200.
+    #[arg(long)]
+    path: String,
+    /// Milliseconds between two polls.
+    #[arg(long, default_value_t = 10)]
+    poll_ms: u64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+}
+
+#[derive(Debug, Args)]
+struct WaitModuleArgs {
+    /// ray-dashd's address, `127.0.0.1:PORT`.
+    #[arg(long)]
+    dashd: std::net::SocketAddr,
+    /// The module.
+    #[arg(long)]
+    module: String,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+}
+
+#[derive(Debug, Args)]
+struct WaitHttpArgs {
+    #[command(flatten)]
+    to: TargetArgs,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 30.0)]
+    timeout: f64,
+}
+
+#[derive(Debug, Args)]
+struct RssArgs {
+    /// Pids (comma-separated) whose VmHWM and VmRSS are summed.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pids: Vec<u32>,
+}
+
+fn secs(value: f64, what: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| anyhow::anyhow!("{what} must be a non-negative number of seconds"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut builder = if cli.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(cli.threads);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ray-dashd-bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ray-dashd-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<String> {
+    let value = match command {
+        Command::Http(a) => {
+            http_load::run(http_load::Plan {
+                target: a.to.target,
+                path: a.to.path,
+                connections: a.connections.max(1),
+                duration: secs(a.duration, "--duration")?,
+                warmup: secs(a.warmup, "--warmup")?,
+                cpu_pids: a.cpu.cpu_pids,
+                backend_pid: a.backend_pid,
+                clk_tck: a.cpu.clk_tck,
+            })
+            .await?
+        }
+        Command::Stream(a) => {
+            stream::run(
+                &a.to.target,
+                &a.to.path,
+                a.expect_bytes,
+                a.runs.max(1),
+                &a.cpu.cpu_pids,
+                a.cpu.clk_tck,
+            )
+            .await?
+        }
+        Command::Ws(a) => {
+            ws::run(ws::Plan {
+                target: a.to.target,
+                path: a.to.path,
+                connections: a.connections.max(1),
+                duration: secs(a.duration, "--duration")?,
+                warmup: secs(a.warmup, "--warmup")?,
+                message_bytes: a.message_bytes.max(1),
+                cpu_pids: a.cpu.cpu_pids,
+                clk_tck: a.cpu.clk_tck,
+            })
+            .await?
+        }
+        Command::Killtest(a) => {
+            killtest::run(killtest::Plan {
+                dashd: a.dashd,
+                module: a.module,
+                path: a.path,
+                poll: Duration::from_millis(a.poll_ms.max(1)),
+                timeout: secs(a.timeout, "--timeout")?,
+            })
+            .await?
+        }
+        Command::WaitModule(a) => {
+            killtest::wait_module(a.dashd, &a.module, secs(a.timeout, "--timeout")?).await?
+        }
+        Command::WaitHttp(a) => {
+            killtest::wait_http(&a.to.target, &a.to.path, secs(a.timeout, "--timeout")?).await?
+        }
+        Command::Rss(a) => procfs::rss_json(&a.pids)?,
+        Command::Report(a) => return report::render(&a),
+    };
+    Ok(value.to_string())
+}

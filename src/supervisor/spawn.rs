@@ -93,6 +93,8 @@ pub(crate) async fn stop_child(
 ) -> Option<ExitStatus> {
     if exited.is_none() {
         signal_group(pid, Signal::SIGTERM);
+        // A stopped (SIGSTOP) process cannot act on SIGTERM until continued.
+        signal_group(pid, Signal::SIGCONT);
         let mut exit = exit;
         match tokio::time::timeout(grace, exit.as_mut()).await {
             Ok(status) => *exited = status.ok(),

@@ -1,0 +1,108 @@
+//! Reading a process's CPU time and memory peaks from `/proc`.
+
+use anyhow::Context as _;
+use serde_json::json;
+
+/// utime + stime, in clock ticks, of every thread of `pid` (not of its
+/// children): fields 14 and 15 of `/proc/<pid>/stat`.
+pub(crate) fn process_ticks(pid: u32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .with_context(|| format!("{path}: no ')' after the command name"))?;
+    // `rest` starts at field 3 (state): utime is field 14, stime field 15.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| -> anyhow::Result<u64> {
+        fields
+            .get(n - 3)
+            .with_context(|| format!("{path}: no field {n}"))?
+            .parse::<u64>()
+            .with_context(|| format!("{path}: field {n} is not a number"))
+    };
+    Ok(field(14)? + field(15)?)
+}
+
+/// The summed utime + stime of `pids`, in clock ticks.
+pub(crate) fn cpu_ticks(pids: &[u32]) -> anyhow::Result<u64> {
+    pids.iter().map(|&p| process_ticks(p)).sum()
+}
+
+/// CPU time of a set of processes over a window, in microseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct CpuMeter {
+    pids: Vec<u32>,
+    clk_tck: u64,
+    start: u64,
+}
+
+impl CpuMeter {
+    /// Starts measuring `pids` (none: the meter reads zero).
+    pub(crate) fn start(pids: &[u32], clk_tck: u64) -> anyhow::Result<CpuMeter> {
+        Ok(CpuMeter {
+            pids: pids.to_vec(),
+            clk_tck: clk_tck.max(1),
+            start: cpu_ticks(pids)?,
+        })
+    }
+
+    /// Whether any process is measured.
+    pub(crate) fn is_active(&self) -> bool {
+        !self.pids.is_empty()
+    }
+
+    /// Microseconds of CPU used since [`CpuMeter::start`].
+    pub(crate) fn elapsed_us(&self) -> anyhow::Result<f64> {
+        let ticks = cpu_ticks(&self.pids)?.saturating_sub(self.start);
+        Ok(ticks as f64 * 1e6 / self.clk_tck as f64)
+    }
+}
+
+/// A `kB` line of `/proc/<pid>/status`, such as `VmHWM`.
+pub(crate) fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+    text.lines()
+        .find_map(|line| {
+            let value = line.strip_prefix(key)?.strip_prefix(':')?;
+            value.trim().trim_end_matches("kB").trim().parse().ok()
+        })
+        .with_context(|| format!("{path}: no {key} line"))
+}
+
+/// `{vmhwm_kib, vmrss_kib, pids}` summed over `pids`.
+pub(crate) fn rss_json(pids: &[u32]) -> anyhow::Result<serde_json::Value> {
+    let mut hwm = 0;
+    let mut rss = 0;
+    for &pid in pids {
+        hwm += status_kib(pid, "VmHWM")?;
+        rss += status_kib(pid, "VmRSS")?;
+    }
+    Ok(json!({ "vmhwm_kib": hwm, "vmrss_kib": rss, "pids": pids }))
+}
+
+/// Whether `pid` is gone or a zombie (dead, not yet reaped).
+pub(crate) fn is_dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(text) => text
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X"),
+        Err(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_readable() {
+        let me = std::process::id();
+        process_ticks(me).expect("ticks");
+        assert!(status_kib(me, "VmHWM").expect("hwm") > 0);
+        assert!(!is_dead(me));
+    }
+}

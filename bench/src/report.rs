@@ -1,0 +1,345 @@
+//! The Markdown table of one run: each measurement of ray-dashd and nginx
+//! as a ratio to the backend measured directly, with the targets.
+//!
+//! Input: one JSON object a line, as `run.sh` writes them:
+//! `{"kind": "http"|"stream"|"ws"|"rss"|"kill", "target": "direct"|"dashd"|"nginx",
+//!   "conns": N, "result": {...}}` where `result` is a subcommand's output.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Args;
+use serde_json::Value;
+
+/// Arguments of `report`.
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
+    /// The tagged results (JSON lines).
+    #[arg(long)]
+    input: PathBuf,
+}
+
+/// The columns, in order.
+const TARGETS: [&str; 3] = ["direct", "dashd", "nginx"];
+
+struct Results(Vec<Value>);
+
+impl Results {
+    fn find(&self, kind: &str, target: &str, conns: Option<u64>) -> Option<&Value> {
+        self.0
+            .iter()
+            .rev()
+            .find(|v| {
+                v["kind"] == kind
+                    && v["target"] == target
+                    && conns.is_none_or(|c| v["conns"].as_u64() == Some(c))
+            })
+            .map(|v| &v["result"])
+    }
+
+    fn number(&self, kind: &str, target: &str, conns: Option<u64>, field: &str) -> Option<f64> {
+        self.find(kind, target, conns)?.get(field)?.as_f64()
+    }
+}
+
+/// How a row is judged against its target.
+#[derive(Clone, Copy)]
+enum Goal {
+    None,
+    /// ray-dashd/direct at least this.
+    RatioAtLeast(f64),
+    /// ray-dashd/direct at most this.
+    RatioAtMost(f64),
+    /// ray-dashd's value at most this.
+    ValueAtMost(f64),
+    /// ray-dashd's value at least nginx's.
+    AtLeastNginx,
+}
+
+struct Row<'a> {
+    metric: String,
+    values: [Option<f64>; 3],
+    /// Whether the direct column has a meaning (it has no proxy CPU or RSS).
+    ratios: bool,
+    decimals: usize,
+    goal: Goal,
+    goal_text: &'a str,
+}
+
+fn fmt_value(v: Option<f64>, decimals: usize, missing: &str) -> String {
+    v.map_or_else(|| missing.to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+fn verdict(row: &Row<'_>) -> String {
+    let [direct, dashd, nginx] = row.values;
+    let met = match row.goal {
+        Goal::None => return String::new(),
+        Goal::RatioAtLeast(min) => ratio(dashd, direct).map(|r| r >= min),
+        Goal::RatioAtMost(max) => ratio(dashd, direct).map(|r| r <= max),
+        Goal::ValueAtMost(max) => dashd.map(|v| v <= max),
+        Goal::AtLeastNginx => match (dashd, nginx) {
+            (Some(d), Some(n)) => Some(d >= n),
+            _ => None,
+        },
+    };
+    let mark = match met {
+        Some(true) => "met",
+        Some(false) => "**missed**",
+        None => "not measured",
+    };
+    format!("{}: {mark}", row.goal_text)
+}
+
+/// Renders the table (and notes on errors) as Markdown.
+pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(&args.input)
+        .with_context(|| format!("read {}", args.input.display()))?;
+    let mut lines = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value: Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not JSON", args.input.display(), i + 1))?;
+        lines.push(value);
+    }
+    let r = Results(lines);
+    let has_nginx = r.0.iter().any(|v| v["target"] == "nginx");
+    let mut http_conns: Vec<u64> =
+        r.0.iter()
+            .filter(|v| v["kind"] == "http")
+            .filter_map(|v| v["conns"].as_u64())
+            .collect();
+    http_conns.sort_unstable();
+    http_conns.dedup();
+    let mut ws_conns: Vec<u64> =
+        r.0.iter()
+            .filter(|v| v["kind"] == "ws")
+            .filter_map(|v| v["conns"].as_u64())
+            .collect();
+    ws_conns.sort_unstable();
+    ws_conns.dedup();
+
+    let per_target = |kind: &str, conns: Option<u64>, field: &str| {
+        TARGETS.map(|t| r.number(kind, t, conns, field))
+    };
+    let mut rows = Vec::new();
+    for &c in &http_conns {
+        let big = c >= 16;
+        rows.push(Row {
+            metric: format!("small GET req/s, {c} conn"),
+            values: per_target("http", Some(c), "rps"),
+            ratios: true,
+            decimals: 0,
+            goal: if big {
+                Goal::RatioAtLeast(0.9)
+            } else {
+                Goal::None
+            },
+            goal_text: "≥ 0.9× direct",
+        });
+    }
+    for &c in &http_conns {
+        rows.push(Row {
+            metric: format!("small GET p99 µs, {c} conn"),
+            values: per_target("http", Some(c), "p99_us"),
+            ratios: true,
+            decimals: 0,
+            goal: if c >= 64 {
+                Goal::RatioAtMost(1.2)
+            } else {
+                Goal::None
+            },
+            goal_text: "≤ 1.2× direct",
+        });
+    }
+    for &c in &http_conns {
+        let mut values = per_target("http", Some(c), "cpu_us_per_req");
+        values[0] = None;
+        rows.push(Row {
+            metric: format!("proxy CPU µs/request, {c} conn"),
+            values,
+            ratios: false,
+            decimals: 1,
+            goal: Goal::ValueAtMost(40.0),
+            goal_text: "≤ 40 µs",
+        });
+    }
+    if let Some(&c) = http_conns.last() {
+        rows.push(Row {
+            metric: format!("backend CPU µs/request, {c} conn"),
+            values: per_target("http", Some(c), "backend_cpu_us_per_req"),
+            ratios: true,
+            decimals: 1,
+            goal: Goal::None,
+            goal_text: "",
+        });
+        rows.push(Row {
+            metric: format!("load generator CPU µs/request, {c} conn"),
+            values: per_target("http", Some(c), "loadgen_cpu_us_per_req"),
+            ratios: true,
+            decimals: 1,
+            goal: Goal::None,
+            goal_text: "",
+        });
+    }
+    rows.push(Row {
+        metric: "1 GiB stream MiB/s (best of runs)".to_owned(),
+        values: per_target("stream", None, "mib_per_s"),
+        ratios: true,
+        decimals: 0,
+        goal: Goal::RatioAtLeast(0.7),
+        goal_text: "≥ 0.7× direct",
+    });
+    for &c in &ws_conns {
+        rows.push(Row {
+            metric: format!("ws echo msgs/s, {c} conn"),
+            values: per_target("ws", Some(c), "msgs_per_s"),
+            ratios: true,
+            decimals: 0,
+            goal: Goal::AtLeastNginx,
+            goal_text: "≥ nginx",
+        });
+    }
+    let mut stream_cpu = per_target("stream", None, "cpu_ms_per_gib");
+    stream_cpu[0] = None;
+    rows.push(Row {
+        metric: "proxy CPU ms per GiB streamed".to_owned(),
+        values: stream_cpu,
+        ratios: false,
+        decimals: 0,
+        goal: Goal::None,
+        goal_text: "",
+    });
+    for &c in &ws_conns {
+        let mut values = per_target("ws", Some(c), "cpu_us_per_msg");
+        values[0] = None;
+        rows.push(Row {
+            metric: format!("proxy CPU µs per ws echo, {c} conn"),
+            values,
+            ratios: false,
+            decimals: 1,
+            goal: Goal::None,
+            goal_text: "",
+        });
+    }
+    for &c in &ws_conns {
+        rows.push(Row {
+            metric: format!("ws echo p99 µs, {c} conn"),
+            values: per_target("ws", Some(c), "p99_us"),
+            ratios: true,
+            decimals: 0,
+            goal: Goal::None,
+            goal_text: "",
+        });
+    }
+    let mut rss = per_target("rss", None, "vmhwm_kib").map(|v| v.map(|k| k / 1024.0));
+    rss[0] = None;
+    rows.push(Row {
+        metric: "proxy peak RSS MiB (VmHWM)".to_owned(),
+        values: rss,
+        ratios: false,
+        decimals: 1,
+        goal: Goal::ValueAtMost(13.0),
+        goal_text: "≤ 13 MiB",
+    });
+    let mut kill = per_target("kill", None, "ms_to_200");
+    kill[0] = None;
+    kill[2] = None;
+    rows.push(Row {
+        metric: "SIGKILL module → first 200, ms".to_owned(),
+        values: kill,
+        ratios: false,
+        decimals: 0,
+        goal: Goal::None,
+        goal_text: "",
+    });
+
+    let mut out = String::new();
+    out.push_str(
+        "| metric | direct | ray-dashd | ray-dashd/direct | nginx | nginx/direct | target (ray-dashd) |\n",
+    );
+    out.push_str("|---|---:|---:|---:|---:|---:|---|\n");
+    for row in &rows {
+        let [direct, dashd, nginx] = row.values;
+        let nginx_missing = if has_nginx { "—" } else { "n/a" };
+        let cells = [
+            row.metric.clone(),
+            fmt_value(direct, row.decimals, "—"),
+            fmt_value(dashd, row.decimals, "—"),
+            if row.ratios {
+                fmt_ratio(ratio(dashd, direct))
+            } else {
+                "—".to_owned()
+            },
+            fmt_value(nginx, row.decimals, nginx_missing),
+            if row.ratios {
+                fmt_ratio(ratio(nginx, direct))
+            } else {
+                "—".to_owned()
+            },
+            verdict(row),
+        ];
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    let problems: Vec<String> =
+        r.0.iter()
+            .filter(|v| v["result"]["errors"].as_u64().unwrap_or(0) > 0)
+            .map(|v| {
+                format!(
+                    "- {} {} ({} conn): {} errors; first: {}",
+                    v["kind"].as_str().unwrap_or("?"),
+                    v["target"].as_str().unwrap_or("?"),
+                    v["conns"],
+                    v["result"]["errors"],
+                    v["result"]["first_error"].as_str().unwrap_or("?"),
+                )
+            })
+            .collect();
+    if !problems.is_empty() {
+        out.push_str("\nErrors during the run:\n");
+        out.push_str(&problems.join("\n"));
+        out.push('\n');
+    }
+    let phases = [
+        ("rss_start", "at start"),
+        ("rss_http", "after the HTTP points"),
+        ("rss_stream", "after the streams"),
+        ("rss", "at the end"),
+    ];
+    let peaks: Vec<String> = phases
+        .iter()
+        .filter_map(|(kind, when)| {
+            let kib = r.number(kind, "dashd", None, "vmhwm_kib")?;
+            Some(format!("{:.1} MiB {when}", kib / 1024.0))
+        })
+        .collect();
+    if !peaks.is_empty() {
+        let _ = writeln!(out, "\nray-dashd VmHWM: {}", peaks.join(", "));
+    }
+    if let Some(k) = r.find("kill", "dashd", None) {
+        let _ = writeln!(
+            out,
+            "\nRestart: incarnation {} → {}, pid {} → {}, {} polls; non-200 answers seen: {}",
+            k["old_incarnation"],
+            k["new_incarnation"],
+            k["old_pid"],
+            k["new_pid"],
+            k["polls"],
+            k["non_200_seen"],
+        );
+    }
+    Ok(out.trim_end().to_owned())
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.2}×"))
+}

@@ -1,0 +1,51 @@
+//! `ray-dashd-logs`: a ray-dashd module serving the files of the Ray
+//! session's log folder: a listing, last lines, byte ranges, and a live
+//! tail as a stream or a websocket. The HTTP contract is in `README.md`.
+//!
+//! # Layout
+//!
+//! - `files.rs`: the log folder, name resolution (the safety boundary), listing
+//! - `tail.rs`: reading backwards in blocks from the end
+//! - `follow.rs`: the follower behind both live routes (truncation, rotation)
+//! - `routes.rs`: the http and stream routes: queries, headers, bodies
+//! - `ws.rs`: the websocket route
+//! - `error.rs`: errors, and their one mapping to HTTP answers
+
+mod error;
+mod files;
+#[cfg(test)]
+mod fixture;
+mod follow;
+mod routes;
+mod tail;
+mod ws;
+
+use axum::routing::get;
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+
+pub use error::{LogsError, StartupError};
+pub use files::LogDir;
+
+/// Prefix of every route; it collides with none of Ray's dashboard routes.
+pub const PREFIX: &str = "/api/dashd/logs";
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub(crate) struct AppState {
+    /// The log folder.
+    pub(crate) dir: LogDir,
+    /// Cancelled on SIGTERM: live tails end so the server can drain.
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// The module's routes (without `/api/healthz`), serving files of `dir`;
+/// live tails end when `shutdown` is cancelled.
+pub fn router(dir: LogDir, shutdown: CancellationToken) -> Router {
+    Router::new()
+        .route(&format!("{PREFIX}/files"), get(routes::files))
+        .route(&format!("{PREFIX}/file"), get(routes::file))
+        .route(&format!("{PREFIX}/follow"), get(routes::follow))
+        .route(&format!("{PREFIX}/ws"), get(ws::websocket))
+        .with_state(AppState { dir, shutdown })
+}

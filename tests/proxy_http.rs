@@ -1,0 +1,318 @@
+//! Plain-HTTP routes: what crosses the proxy, byte for byte, and what not.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{client, dashd, test_module};
+
+/// Sends `request` as raw bytes and returns the raw response head and body
+/// (the server closes the connection: the request says `Connection: close`).
+fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    stream.write_all(request).expect("write");
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+fn header_names(echo: &Value) -> Vec<String> {
+    echo["headers"]
+        .as_array()
+        .expect("headers")
+        .iter()
+        .map(|h| h[0].as_str().expect("name").to_owned())
+        .collect()
+}
+
+/// Method, path and query reach the module byte-exact; the body and
+/// end-to-end headers too.
+#[tokio::test]
+async fn forwards_method_path_query_and_body_exactly() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let response = client()
+        .put(d.url("/test/echo?x=1&y=%20z&x=2&empty="))
+        .header("x-custom", "one")
+        .header("x-custom", "two")
+        .body("hello body")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    let echo: Value = response.json().await.expect("json");
+    assert_eq!(echo["method"], "PUT");
+    assert_eq!(echo["path"], "/test/echo");
+    assert_eq!(echo["query"], "x=1&y=%20z&x=2&empty=");
+    assert_eq!(echo["body_len"], 10);
+    let customs: Vec<&str> = echo["headers"]
+        .as_array()
+        .expect("headers")
+        .iter()
+        .filter(|h| h[0] == "x-custom")
+        .map(|h| h[1].as_str().expect("value"))
+        .collect();
+    assert_eq!(customs, ["one", "two"]);
+
+    let escaped = client()
+        .get(d.url("/test/echo/a%2Fb%20c?q=%2F"))
+        .send()
+        .await
+        .expect("request");
+    let echo: Value = escaped.json().await.expect("json");
+    assert_eq!(echo["path"], "/test/echo/a%2Fb%20c");
+    assert_eq!(echo["query"], "q=%2F");
+}
+
+/// Hop-by-hop request headers, including one named in `Connection`, do not
+/// reach the module; end-to-end ones do.
+#[tokio::test]
+async fn strips_hop_by_hop_request_headers() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let request = "GET /test/echo HTTP/1.1\r\nHost: example\r\n\
+        Connection: close, X-Hop-Req\r\nX-Hop-Req: secret\r\nKeep-Alive: timeout=5\r\n\
+        Proxy-Authorization: Basic Zm9vOmJhcg==\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\n\
+        Trailer: X-Trail\r\nUpgrade: h2c\r\nX-End-To-End: kept\r\n\r\n";
+    let response = raw_exchange(d.addr(), request.as_bytes());
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let body = &response[response.find("\r\n\r\n").expect("head end") + 4..];
+    // The body may be chunked; the JSON object sits between the braces.
+    let json = &body[body.find('{').expect("json start")..=body.rfind('}').expect("json end")];
+    let echo: Value = serde_json::from_str(json).expect("echo json");
+    let names = header_names(&echo);
+    for hop in [
+        "connection",
+        "x-hop-req",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "transfer-encoding",
+    ] {
+        assert!(!names.contains(&hop.to_owned()), "{hop} crossed: {names:?}");
+    }
+    assert!(names.contains(&"x-end-to-end".to_owned()), "{names:?}");
+    assert!(names.contains(&"host".to_owned()), "{names:?}");
+}
+
+/// Hop-by-hop response headers, including one named in `Connection`, do not
+/// reach the client.
+#[tokio::test]
+async fn strips_hop_by_hop_response_headers() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let response = client()
+        .get(d.url("/test/hop"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    let headers = response.headers();
+    for hop in [
+        "x-hop-resp",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-connection",
+        "trailer",
+    ] {
+        assert!(!headers.contains_key(hop), "{hop} crossed: {headers:?}");
+    }
+    assert_eq!(headers["x-end-to-end"], "kept");
+    assert_eq!(response.text().await.expect("body"), "hop");
+}
+
+/// Repeated response headers such as `Set-Cookie` stay repeated.
+#[tokio::test]
+async fn keeps_repeated_set_cookie_headers() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let response = client()
+        .get(d.url("/test/cookies"))
+        .send()
+        .await
+        .expect("request");
+    let cookies: Vec<&str> = response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().expect("ascii"))
+        .collect();
+    assert_eq!(cookies, ["a=1", "b=2", "c=3"]);
+}
+
+/// Redirects and other statuses are passed through, never followed.
+#[tokio::test]
+async fn passes_statuses_and_redirects_through() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    for code in [201u16, 302, 307, 404, 418, 500, 503] {
+        let response = client()
+            .get(d.url(&format!("/test/status/{code}")))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status().as_u16(), code);
+        if code == 302 || code == 307 {
+            assert_eq!(response.headers()["location"], "/test/echo?redirected=1");
+        }
+        assert_eq!(
+            response.text().await.expect("body"),
+            format!("status {code}")
+        );
+    }
+}
+
+/// Request bodies stream through up to the limit; over it the client gets
+/// 413, whether the length is declared or the body is chunked.
+#[tokio::test]
+async fn request_body_limit_answers_413() {
+    let limit = 1024 * 1024;
+    let d = dashd()
+        .server("max_request_body_bytes", &limit.to_string())
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let at_limit = client()
+        .post(d.url("/test/body"))
+        .body(vec![7u8; limit])
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(at_limit.status(), 200);
+    let counted: Value = at_limit.json().await.expect("json");
+    assert_eq!(counted["bytes"], limit as u64);
+
+    let declared = client()
+        .post(d.url("/test/body"))
+        .body(vec![7u8; limit + 1])
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(declared.status(), 413);
+
+    // No Content-Length: the body is cut off while streaming.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..20).map(|_| Ok(vec![1u8; 64 * 1024])).collect();
+    let chunked = client()
+        .post(d.url("/test/body"))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(chunked.status(), 413);
+    let body: Value = chunked.json().await.expect("json body");
+    assert!(
+        body["message"].as_str().expect("message").contains("limit"),
+        "{body}"
+    );
+}
+
+/// The default limit is 100 MiB: a larger declared body is refused before
+/// any of it is read.
+#[tokio::test]
+async fn default_body_limit_is_100_mib() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let request = format!(
+        "POST /test/body HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        100 * 1024 * 1024 + 1
+    );
+    let response = raw_exchange(d.addr(), request.as_bytes());
+    assert!(response.starts_with("HTTP/1.1 413"), "{response}");
+}
+
+/// Unknown path 404, wrong method 405 with Allow, both with a JSON reason.
+#[tokio::test]
+async fn unknown_path_404_wrong_method_405() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let missing = client()
+        .get(d.url("/no/such/route"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(missing.status(), 404);
+    let body: Value = missing.json().await.expect("json");
+    assert!(body["message"]
+        .as_str()
+        .expect("message")
+        .contains("/no/such/route"));
+
+    let wrong = client()
+        .delete(d.url("/test/cookies"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(wrong.status(), 405);
+    assert_eq!(wrong.headers()["allow"], "GET, HEAD");
+}
+
+/// A module that takes too long to start its response gets 504, naming it.
+#[tokio::test]
+async fn slow_module_answers_504() {
+    let d = dashd()
+        .server("http_response_timeout_secs", "0.5")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let response = client()
+        .get(d.url("/test/slow?ms=10000"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 504);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["module"], "tm");
+}
+
+/// 400 requests in flight at once all succeed.
+#[tokio::test]
+async fn serves_400_concurrent_requests() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let c = client();
+    let requests = (0..400).map(|i| {
+        let c = c.clone();
+        let url = d.url(&format!("/test/slow?ms=300&i={i}"));
+        async move {
+            let response = c.get(url).send().await.expect("request");
+            let status = response.status();
+            (status, response.text().await.expect("body"))
+        }
+    });
+    let results = futures_util::future::join_all(requests).await;
+    let ok = results
+        .iter()
+        .filter(|(status, body)| *status == 200 && body == "slow done")
+        .count();
+    assert_eq!(
+        ok,
+        400,
+        "failures: {:?}",
+        results.iter().find(|(s, _)| *s != 200)
+    );
+}
+
+/// HEAD on a GET route is forwarded and answers without a body.
+#[tokio::test]
+async fn head_uses_get_route() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let response = client()
+        .head(d.url("/test/cookies"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers().get_all("set-cookie").iter().count(), 3);
+}

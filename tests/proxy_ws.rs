@@ -1,0 +1,209 @@
+//! Websocket routes: handshake through the module, messages both ways in
+//! order, pings per hop, close codes across, size limits, HTTP fallback.
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{self, Message};
+
+use crate::support::{client, dashd, eventually, test_module, WAIT};
+
+async fn next_message<S>(ws: &mut S) -> Message
+where
+    S: futures_util::Stream<Item = Result<Message, tungstenite::Error>> + Unpin,
+{
+    tokio::time::timeout(WAIT, ws.next())
+        .await
+        .expect("message in time")
+        .expect("stream open")
+        .expect("message ok")
+}
+
+/// Messages from the module reach the client in order, text and binary,
+/// then the module's close code and reason.
+#[tokio::test]
+async fn module_messages_arrive_in_order_then_close() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let (mut ws, response) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/out?count=200"))
+        .await
+        .expect("connect");
+    assert_eq!(response.status(), 101);
+    for i in 0u32..200 {
+        let expected = if i % 2 == 0 {
+            Message::Text(format!("msg-{i}").into())
+        } else {
+            Message::Binary(i.to_be_bytes().to_vec().into())
+        };
+        assert_eq!(next_message(&mut ws).await, expected, "message {i}");
+    }
+    match next_message(&mut ws).await {
+        Message::Close(Some(frame)) => {
+            assert_eq!(frame.code, CloseCode::Normal);
+            assert_eq!(frame.reason, "done");
+        }
+        other => panic!("expected close, got {other:?}"),
+    }
+}
+
+/// Client messages reach the module and come back; the proxy answers pings.
+#[tokio::test]
+async fn echoes_text_binary_and_answers_pings() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/echo"))
+        .await
+        .expect("connect");
+    ws.send(Message::Text("hello".into())).await.expect("send");
+    assert_eq!(next_message(&mut ws).await, Message::Text("hello".into()));
+    ws.send(Message::Binary(vec![0, 1, 2, 255].into()))
+        .await
+        .expect("send");
+    assert_eq!(
+        next_message(&mut ws).await,
+        Message::Binary(vec![0, 1, 2, 255].into())
+    );
+    ws.send(Message::Ping(b"are you there".to_vec().into()))
+        .await
+        .expect("ping");
+    assert_eq!(
+        next_message(&mut ws).await,
+        Message::Pong(b"are you there".to_vec().into())
+    );
+    // A 16 MiB message is well within the default 64 MiB limit.
+    let big = vec![42u8; 16 * 1024 * 1024];
+    ws.send(Message::Binary(big.clone().into()))
+        .await
+        .expect("send big");
+    assert_eq!(next_message(&mut ws).await, Message::Binary(big.into()));
+}
+
+/// The client's close code and reason reach the module.
+#[tokio::test]
+async fn client_close_code_reaches_module() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/echo"))
+        .await
+        .expect("connect");
+    ws.close(Some(CloseFrame {
+        code: CloseCode::from(4001),
+        reason: "client says bye".into(),
+    }))
+    .await
+    .expect("close");
+    let recorded = eventually(WAIT, || async {
+        let stats: Value = client()
+            .get(d.url("/test/stats"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let close = stats["ws_last_close"].clone();
+        (!close.is_null()).then_some(close)
+    })
+    .await
+    .expect("module saw a close");
+    assert_eq!(recorded["code"], 4001);
+    assert_eq!(recorded["reason"], "client says bye");
+}
+
+/// The module's close code and reason reach the client.
+#[tokio::test]
+async fn module_close_code_reaches_client() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/echo"))
+        .await
+        .expect("connect");
+    ws.send(Message::Text("close:4002:module says later".into()))
+        .await
+        .expect("send");
+    match next_message(&mut ws).await {
+        Message::Close(Some(frame)) => {
+            assert_eq!(u16::from(frame.code), 4002);
+            assert_eq!(frame.reason, "module says later");
+        }
+        other => panic!("expected close, got {other:?}"),
+    }
+}
+
+/// A module that answers the upgrade with plain HTTP has its answer passed
+/// to the client unchanged.
+#[tokio::test]
+async fn falls_back_to_the_modules_http_answer() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let err = tokio_tungstenite::connect_async(d.ws_url("/test/ws/not"))
+        .await
+        .expect_err("not a websocket");
+    match err {
+        tungstenite::Error::Http(response) => {
+            assert_eq!(response.status(), 403);
+            assert_eq!(response.headers()["x-test"], "fallback");
+            let body = response.body().as_deref().unwrap_or_default();
+            assert_eq!(String::from_utf8_lossy(body), "no websocket here");
+        }
+        other => panic!("expected an HTTP answer, got {other:?}"),
+    }
+}
+
+/// A message over the configured limit closes the socket with 1009.
+#[tokio::test]
+async fn oversized_message_closes_with_1009() {
+    let d = dashd()
+        .server("max_websocket_message_bytes", "65536")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/echo"))
+        .await
+        .expect("connect");
+    ws.send(Message::Binary(vec![1u8; 65536].into()))
+        .await
+        .expect("send");
+    assert_eq!(
+        next_message(&mut ws).await,
+        Message::Binary(vec![1u8; 65536].into())
+    );
+    ws.send(Message::Binary(vec![1u8; 65537].into()))
+        .await
+        .expect("send");
+    match next_message(&mut ws).await {
+        Message::Close(Some(frame)) => assert_eq!(frame.code, CloseCode::Size),
+        other => panic!("expected close 1009, got {other:?}"),
+    }
+}
+
+/// A websocket to a module that dies is closed with 1012 or cut, never left
+/// hanging.
+#[tokio::test]
+async fn module_failure_closes_websocket() {
+    let d = dashd().module(test_module("tm")).start();
+    let report = d.healthy("tm", 0).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/echo"))
+        .await
+        .expect("connect");
+    ws.send(Message::Text("x".into())).await.expect("send");
+    assert_eq!(next_message(&mut ws).await, Message::Text("x".into()));
+    crate::support::kill(
+        report["pid"].as_u64().expect("pid"),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let end = tokio::time::timeout(WAIT, ws.next())
+        .await
+        .expect("websocket ended in time");
+    match end {
+        Some(Ok(Message::Close(Some(frame)))) => {
+            assert!(
+                frame.code == CloseCode::Error || frame.code == CloseCode::Restart,
+                "{frame:?}"
+            );
+        }
+        None | Some(Err(_)) => {}
+        other => panic!("expected the websocket to end, got {other:?}"),
+    }
+}

@@ -1,0 +1,458 @@
+//! Supervision: crashes, hangs, failing health checks, crash loops, missing
+//! commands and slow starts; none of them stops the host serving the rest.
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::support::{client, command_module, dashd, eventually, kill, test_module, WAIT};
+
+fn pid_of(report: &Value) -> u64 {
+    report["pid"].as_u64().expect("pid")
+}
+
+/// kill -9 of a module mid-request: the request gets 502 at once (long
+/// before the module would have answered) and the service comes back with
+/// incarnation + 1.
+#[tokio::test]
+async fn restarts_module_after_kill_9_mid_request() {
+    let d = dashd().module(test_module("tm")).start();
+    let report = d.healthy("tm", 0).await;
+    let in_flight = tokio::spawn({
+        let url = d.url("/test/slow?ms=120000");
+        async move { client().get(url).send().await.expect("request") }
+    });
+    eventually(WAIT, || async {
+        let stats: Value = client()
+            .get(d.url("/test/stats"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (stats["requests_in_flight"].as_u64() >= Some(1)).then_some(())
+    })
+    .await
+    .expect("slow request reached the module");
+    kill(pid_of(&report), Signal::SIGKILL);
+    let response = tokio::time::timeout(WAIT, in_flight)
+        .await
+        .expect("in-flight request answered well before the module's 120 s")
+        .expect("task");
+    assert_eq!(response.status(), 502);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["module"], "tm");
+
+    let report = d.healthy("tm", 1).await;
+    assert_eq!(report["incarnation"], 1);
+    assert_eq!(report["restarts"], 1);
+    assert!(
+        report["last_error"]
+            .as_str()
+            .expect("last_error")
+            .contains("SIGKILL"),
+        "{report}"
+    );
+    let info: Value = client()
+        .get(d.url("/test/info"))
+        .send()
+        .await
+        .expect("info")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(info["incarnation"], 1);
+}
+
+/// A module whose event loop blocks is found out by its health checks and
+/// replaced; the request that blocked it gets 502.
+#[tokio::test]
+async fn replaces_hung_module() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let hung = tokio::spawn({
+        let url = d.url("/test/hang");
+        async move { client().post(url).send().await.expect("request").status() }
+    });
+    let report = d.healthy("tm", 1).await;
+    assert!(
+        report["last_error"]
+            .as_str()
+            .expect("last_error")
+            .contains("health checks failed"),
+        "{report}"
+    );
+    let status = tokio::time::timeout(WAIT, hung)
+        .await
+        .expect("answered")
+        .expect("task");
+    assert_eq!(status, 502);
+}
+
+/// When a module turns unhealthy, its in-flight exchanges end at once, while
+/// its process is still being stopped: a waiting request gets 502, an open
+/// stream is cut and a websocket is closed with 1012.
+#[tokio::test]
+async fn unhealthy_module_fails_in_flight_work_before_it_is_killed() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    // A stopped module that ignores SIGTERM stays alive through its long
+    // stop grace, long after the health checks gave up on it.
+    let d = dashd()
+        .module(
+            test_module("tm")
+                .env("TEST_MODULE_IGNORE_SIGTERM", "1")
+                .supervision("stop_grace_secs", "60"),
+        )
+        .start();
+    let report = d.healthy("tm", 0).await;
+    let pid = pid_of(&report);
+    let waiting = tokio::spawn({
+        let url = d.url("/test/slow?ms=120000");
+        async move { client().get(url).send().await.expect("request") }
+    });
+    let stream = client()
+        .get(d.url("/test/stream?chunks=2&size=4&delay_ms=120000"))
+        .send()
+        .await
+        .expect("stream");
+    let mut stream = stream.bytes_stream();
+    stream.next().await.expect("first chunk").expect("ok");
+    let (mut ws, _) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/echo"))
+        .await
+        .expect("ws");
+    ws.send(Message::Text("x".into())).await.expect("send");
+    ws.next().await.expect("echo").expect("ok");
+    eventually(WAIT, || async {
+        let stats: Value = client()
+            .get(d.url("/test/stats"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (stats["requests_in_flight"].as_u64() >= Some(2)).then_some(())
+    })
+    .await
+    .expect("requests reached the module");
+
+    kill(pid, Signal::SIGSTOP);
+    let response = tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("answered")
+        .expect("task");
+    assert_eq!(response.status(), 502);
+    let cut = tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("stream ended");
+    assert!(matches!(cut, Some(Err(_))), "stream not cut: {cut:?}");
+    match tokio::time::timeout(WAIT, ws.next())
+        .await
+        .expect("ws ended")
+    {
+        Some(Ok(Message::Close(Some(frame)))) => assert_eq!(u16::from(frame.code), 1012),
+        other => panic!("expected close 1012, got {other:?}"),
+    }
+    assert!(
+        !crate::support::process_gone(pid as u32),
+        "the process should still be in its stop grace"
+    );
+    assert_eq!(d.module("tm").await["state"], "unhealthy");
+    kill(pid, Signal::SIGKILL);
+}
+
+/// A SIGSTOPped module is replaced too (it cannot even see SIGTERM).
+#[tokio::test]
+async fn replaces_stopped_module() {
+    let d = dashd()
+        .module(test_module("tm").supervision("stop_grace_secs", "0.5"))
+        .start();
+    let report = d.healthy("tm", 0).await;
+    let old = pid_of(&report);
+    kill(old, Signal::SIGSTOP);
+    let report = d.healthy("tm", 1).await;
+    assert_ne!(pid_of(&report), old);
+    assert!(
+        crate::support::process_gone(old as u32) || {
+            // Reaped by ray-dashd: give the kernel a moment to drop the entry.
+            eventually(WAIT, || async {
+                crate::support::process_gone(old as u32).then_some(())
+            })
+            .await
+            .is_some()
+        }
+    );
+}
+
+/// `/api/healthz` answering non-200 several times in a row makes the module
+/// unhealthy and replaced.
+#[tokio::test]
+async fn replaces_module_whose_healthz_fails() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let switched = client()
+        .post(d.url("/test/health/fail"))
+        .send()
+        .await
+        .expect("switch");
+    assert_eq!(switched.status(), 200);
+    let report = d.healthy("tm", 1).await;
+    assert!(
+        report["last_error"]
+            .as_str()
+            .expect("last_error")
+            .contains("healthz answered 500"),
+        "{report}"
+    );
+}
+
+/// A module that exits at once is restarted with growing delays up to the
+/// cap, never in a hot loop; meanwhile its routes answer 503 with
+/// Retry-After and the host serves the rest.
+#[tokio::test]
+async fn backs_off_crash_loop() {
+    let d = dashd()
+        .module(
+            test_module("loop")
+                .env("TEST_MODULE_EXIT_ON_START", "1")
+                .routes(&[("GET", "/loop/x", "http")])
+                .supervision("backoff_initial_secs", "0.1")
+                .supervision("backoff_max_secs", "0.4"),
+        )
+        .module(test_module("ok"))
+        .start();
+    d.healthy("ok", 0).await;
+    let mut delays: Vec<u64> = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    let capped = loop {
+        let report = d.module("loop").await;
+        if let Some(ms) = report["backoff_ms"].as_u64() {
+            if delays.last() != Some(&ms) {
+                delays.push(ms);
+            }
+        }
+        if report["backoff_ms"] == 400 && report["failures_in_row"].as_u64() >= Some(5) {
+            break report;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reached the cap; delays seen {delays:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    assert!(
+        delays.windows(2).all(|w| w[0] <= w[1]),
+        "delays shrank: {delays:?}"
+    );
+    assert!(
+        capped["last_error"]
+            .as_str()
+            .expect("last_error")
+            .contains("exit status: 1"),
+        "{capped}"
+    );
+    // While it backs off, its route says so.
+    let busy = eventually(WAIT, || async {
+        let response = client().get(d.url("/loop/x")).send().await.ok()?;
+        (response.status() == 503).then_some(response)
+    })
+    .await
+    .expect("503 while backing off");
+    assert!(busy.headers().contains_key("retry-after"));
+    let body: Value = busy.json().await.expect("json");
+    assert_eq!(body["module"], "loop");
+    // And the host and the other module are untouched.
+    let ok = client()
+        .get(d.url("/test/info"))
+        .send()
+        .await
+        .expect("info");
+    assert_eq!(ok.status(), 200);
+    let health = client()
+        .get(d.url("/api/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(health.status(), 200);
+}
+
+/// A command that does not exist is reported and retried with backoff.
+#[tokio::test]
+async fn missing_command_is_reported_and_retried() {
+    let d = dashd()
+        .module(
+            command_module("ghost", &["/nonexistent/ray-dashd-ghost"])
+                .routes(&[("GET", "/ghost", "http")]),
+        )
+        .module(test_module("ok"))
+        .start();
+    d.healthy("ok", 0).await;
+    let report = eventually(WAIT, || async {
+        let r = d.module("ghost").await;
+        (r["failures_in_row"].as_u64() >= Some(2)).then_some(r)
+    })
+    .await
+    .expect("ghost failed at least twice");
+    let error = report["last_error"].as_str().expect("last_error");
+    assert!(
+        error.contains("cannot start /nonexistent/ray-dashd-ghost"),
+        "{error}"
+    );
+    assert!(error.contains("No such file"), "{error}");
+    assert!(report["pid"].is_null());
+    let response = client().get(d.url("/ghost")).send().await.expect("request");
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+}
+
+/// A module that never becomes ready is given up on after its startup
+/// budget and tried again; its routes answer 503 meanwhile.
+#[tokio::test]
+async fn never_ready_module_times_out_and_retries() {
+    let d = dashd()
+        .module(
+            test_module("slow")
+                .env("TEST_MODULE_NEVER_READY", "1")
+                .supervision("startup_timeout_secs", "0.5"),
+        )
+        .start();
+    let response = client()
+        .get(d.url("/test/info"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    let report = eventually(WAIT, || async {
+        let r = d.module("slow").await;
+        (r["restarts"].as_u64() >= Some(1)).then_some(r)
+    })
+    .await
+    .expect("retried");
+    assert!(
+        report["last_error"]
+            .as_str()
+            .expect("last_error")
+            .contains("not ready within"),
+        "{report}"
+    );
+}
+
+/// A module still starting does not hold up requests to other modules or
+/// to the host.
+#[tokio::test]
+async fn starting_module_does_not_stall_others() {
+    let d = dashd()
+        .module(
+            test_module("late")
+                .env("TEST_MODULE_STARTUP_DELAY_MS", "60000")
+                .routes(&[("GET", "/late", "http")]),
+        )
+        .module(test_module("ok"))
+        .start();
+    d.healthy("ok", 0).await;
+    let info = client()
+        .get(d.url("/test/info"))
+        .send()
+        .await
+        .expect("info");
+    assert_eq!(info.status(), 200);
+    assert_eq!(d.module("late").await["state"], "starting");
+    let late = client().get(d.url("/late")).send().await.expect("late");
+    assert_eq!(late.status(), 503);
+}
+
+/// `POST /api/modules/<name>/restart` starts a new incarnation.
+#[tokio::test]
+async fn restart_api_starts_new_incarnation() {
+    let d = dashd().module(test_module("tm")).start();
+    let first = d.healthy("tm", 0).await;
+    let response = client()
+        .post(d.url("/api/modules/tm/restart"))
+        .send()
+        .await
+        .expect("restart");
+    assert_eq!(response.status(), 202);
+    let second = d.healthy("tm", 1).await;
+    assert_ne!(pid_of(&first), pid_of(&second));
+    let missing = client()
+        .post(d.url("/api/modules/nope/restart"))
+        .send()
+        .await
+        .expect("restart");
+    assert_eq!(missing.status(), 404);
+}
+
+/// A module gets the contract's variables, and its output is appended to
+/// its log files across incarnations.
+#[tokio::test]
+async fn module_gets_contract_env_and_log_files() {
+    let d = dashd()
+        .module(test_module("tm").env("EXTRA", "yes"))
+        .start();
+    let report = d.healthy("tm", 0).await;
+    let info: Value = client()
+        .get(d.url("/test/info"))
+        .send()
+        .await
+        .expect("info")
+        .json()
+        .await
+        .expect("json");
+    let env = &info["env"];
+    assert_eq!(env["RAY_DASHD_MODULE"], "tm");
+    assert_eq!(env["RAY_DASHD_INCARNATION"], "0");
+    assert_eq!(
+        env["RAY_DASHD_SOCKET"],
+        d.socket_path("tm").display().to_string()
+    );
+    assert_eq!(
+        env["RAY_DASHD_SESSION_DIR"],
+        d.session().display().to_string()
+    );
+    assert_eq!(
+        env["RAY_DASHD_LOG_DIR"],
+        d.session().join("logs").display().to_string()
+    );
+
+    kill(pid_of(&report), Signal::SIGKILL);
+    d.healthy("tm", 1).await;
+    let logs = d.session().join("logs");
+    let out = std::fs::read_to_string(logs.join("dashboard_tm.out")).expect("out log");
+    assert!(
+        out.contains("incarnation=0") && out.contains("incarnation=1"),
+        "{out}"
+    );
+    let err = std::fs::read_to_string(logs.join("dashboard_tm.err")).expect("err log");
+    assert!(
+        err.contains("test-module stderr line incarnation=1"),
+        "{err}"
+    );
+    let host_log = std::fs::read_to_string(logs.join("dashboard.log")).expect("host log");
+    assert!(host_log.contains("module failed"), "{host_log}");
+
+    let modules: Value = client()
+        .get(d.url("/api/modules"))
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    let tm = &modules.as_array().expect("array")[0];
+    for field in [
+        "name",
+        "pid",
+        "incarnation",
+        "state",
+        "restarts",
+        "last_error",
+        "uptime_ms",
+        "routes",
+        "events",
+    ] {
+        assert!(tm.get(field).is_some(), "{field} missing from {tm}");
+    }
+}

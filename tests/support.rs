@@ -1,0 +1,426 @@
+//! Test fixtures: a real `ray-dashd` process with the test module behind it,
+//! started in a private temp dir on a free loopback port, killed by pid on drop.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long a fixture may take to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// Default bound for `eventually`.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// The directory holding the workspace's built binaries.
+fn bin_dir() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_ray-dashd"));
+    exe.parent().expect("binary has a folder").to_path_buf()
+}
+
+/// The test module's binary; `cargo build --workspace` builds it.
+pub fn test_module_bin() -> PathBuf {
+    let path = bin_dir().join("ray-dashd-test-module");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace` before the tests (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// Every route of the test module, as config lines.
+pub const TEST_ROUTES: &[(&str, &str, &str)] = &[
+    ("GET", "/test/echo", "http"),
+    ("POST", "/test/echo", "http"),
+    ("PUT", "/test/echo", "http"),
+    ("GET", "/test/echo/{rest}", "http"),
+    ("POST", "/test/body", "http"),
+    ("GET", "/test/stream", "stream"),
+    ("GET", "/test/stats", "http"),
+    ("GET", "/test/info", "http"),
+    ("GET", "/test/ws/echo", "websocket"),
+    ("GET", "/test/ws/out", "websocket"),
+    ("GET", "/test/ws/not", "websocket"),
+    ("POST", "/test/crash", "http"),
+    ("POST", "/test/hang", "http"),
+    ("GET", "/test/slow", "http"),
+    ("GET", "/test/status/{code}", "http"),
+    ("GET", "/test/cookies", "http"),
+    ("GET", "/test/hop", "http"),
+    ("POST", "/test/health/{mode}", "http"),
+];
+
+/// A module to put in the fixture's config.
+#[derive(Debug, Clone)]
+pub struct ModuleDef {
+    name: String,
+    command: Vec<String>,
+    env: Vec<(String, String)>,
+    routes: Vec<(String, String, String)>,
+    supervision: Vec<(String, String)>,
+}
+
+/// The test module under `name`, serving every test route under `prefix`
+/// (`/test` keeps the module's own paths).
+pub fn test_module(name: &str) -> ModuleDef {
+    ModuleDef {
+        name: name.to_owned(),
+        command: vec![test_module_bin().display().to_string()],
+        env: vec![],
+        routes: TEST_ROUTES
+            .iter()
+            .map(|(m, p, k)| (m.to_string(), p.to_string(), k.to_string()))
+            .collect(),
+        supervision: vec![],
+    }
+}
+
+/// A module with a command of one's own and no routes.
+pub fn command_module(name: &str, command: &[&str]) -> ModuleDef {
+    ModuleDef {
+        name: name.to_owned(),
+        command: command.iter().map(|s| s.to_string()).collect(),
+        env: vec![],
+        routes: vec![],
+        supervision: vec![],
+    }
+}
+
+impl ModuleDef {
+    /// Adds an environment variable.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Replaces the routes.
+    pub fn routes(mut self, routes: &[(&str, &str, &str)]) -> Self {
+        self.routes = routes
+            .iter()
+            .map(|(m, p, k)| (m.to_string(), p.to_string(), k.to_string()))
+            .collect();
+        self
+    }
+
+    /// Sets a supervision setting (a TOML value).
+    pub fn supervision(mut self, key: &str, value: &str) -> Self {
+        self.supervision.push((key.into(), value.into()));
+        self
+    }
+
+    fn to_toml(&self) -> String {
+        let mut t = String::from("[[modules]]\n");
+        t += &format!("name = {}\n", quote(&self.name));
+        let cmd: Vec<String> = self.command.iter().map(|c| quote(c)).collect();
+        t += &format!("command = [{}]\n", cmd.join(", "));
+        if !self.env.is_empty() {
+            let env: Vec<String> = self
+                .env
+                .iter()
+                .map(|(k, v)| format!("{} = {}", quote(k), quote(v)))
+                .collect();
+            t += &format!("env = {{ {} }}\n", env.join(", "));
+        }
+        if !self.supervision.is_empty() {
+            let s: Vec<String> = self
+                .supervision
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
+            t += &format!("supervision = {{ {} }}\n", s.join(", "));
+        }
+        t += "routes = [\n";
+        for (m, p, k) in &self.routes {
+            t += &format!(
+                "  {{ method = {}, path = {}, type = {} }},\n",
+                quote(m),
+                quote(p),
+                quote(k)
+            );
+        }
+        t += "]\n";
+        t
+    }
+}
+
+fn quote(s: &str) -> String {
+    serde_json::to_string(s).expect("string serializes")
+}
+
+/// Builds a [`Dashd`].
+#[derive(Debug, Default)]
+pub struct DashdBuilder {
+    modules: Vec<ModuleDef>,
+    server: Vec<(String, String)>,
+}
+
+/// Starts describing a ray-dashd fixture.
+pub fn dashd() -> DashdBuilder {
+    DashdBuilder::default()
+}
+
+impl DashdBuilder {
+    /// Adds a module.
+    pub fn module(mut self, module: ModuleDef) -> Self {
+        self.modules.push(module);
+        self
+    }
+
+    /// Sets a `[server]` setting (a TOML value).
+    pub fn server(mut self, key: &str, value: &str) -> Self {
+        self.server.push((key.into(), value.into()));
+        self
+    }
+
+    /// The config file's text.
+    pub fn config_text(&self) -> String {
+        let mut t = String::from("[server]\n");
+        for (k, v) in &self.server {
+            t += &format!("{k} = {v}\n");
+        }
+        for m in &self.modules {
+            t += &m.to_toml();
+        }
+        t
+    }
+
+    /// Starts ray-dashd and waits until it listens (not until modules are ready).
+    pub fn start(self) -> Dashd {
+        let tmp = tempfile::Builder::new()
+            .prefix("rd")
+            .tempdir()
+            .expect("tempdir");
+        let config = tmp.path().join("dashd.toml");
+        std::fs::write(&config, self.config_text()).expect("write config");
+        let session = tmp.path().join("s");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ray-dashd"))
+            .arg("--session-dir")
+            .arg(&session)
+            .arg("--port")
+            .arg("0")
+            .arg("--config")
+            .arg(&config)
+            .env("RAY_DASHD_LOG", "info,ray_dashd=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ray-dashd");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut addr_tx = Some(addr_tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(tx) = &addr_tx {
+                    if let Some(addr) = parse_listening(&line) {
+                        let _ = tx.send(addr);
+                        addr_tx = None;
+                    }
+                }
+                let mut log = sink.lock().expect("log lock");
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let addr = match addr_rx.recv_timeout(START_TIMEOUT) {
+            Ok(addr) => addr,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "ray-dashd did not start listening; stderr:\n{}",
+                    log.lock().expect("log lock")
+                );
+            }
+        };
+        Dashd {
+            child: Some(child),
+            addr,
+            session,
+            log,
+            tmp,
+        }
+    }
+}
+
+fn parse_listening(line: &str) -> Option<SocketAddr> {
+    if !line.contains("ray-dashd listening") {
+        return None;
+    }
+    let rest = &line[line.find("addr=")? + 5..];
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// A running ray-dashd.
+#[derive(Debug)]
+pub struct Dashd {
+    child: Option<Child>,
+    addr: SocketAddr,
+    session: PathBuf,
+    log: Arc<Mutex<String>>,
+    #[allow(dead_code)]
+    tmp: tempfile::TempDir,
+}
+
+impl Dashd {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// `ws://<addr><path>`.
+    pub fn ws_url(&self, path: &str) -> String {
+        format!("ws://{}{}", self.addr, path)
+    }
+
+    /// The session folder.
+    pub fn session(&self) -> &Path {
+        &self.session
+    }
+
+    /// The socket of module `name`.
+    pub fn socket_path(&self, name: &str) -> PathBuf {
+        self.session.join("sockets").join(format!("dash_{name}"))
+    }
+
+    /// ray-dashd's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// What ray-dashd wrote to stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().expect("log lock").clone()
+    }
+
+    /// `GET /api/modules/<name>`.
+    pub async fn module(&self, name: &str) -> Value {
+        client()
+            .get(self.url(&format!("/api/modules/{name}")))
+            .send()
+            .await
+            .expect("GET /api/modules/<name>")
+            .json()
+            .await
+            .expect("module json")
+    }
+
+    /// Waits until module `name` is healthy with at least `incarnation`;
+    /// returns its report.
+    pub async fn healthy(&self, name: &str, incarnation: u64) -> Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let last = self.module(name).await;
+            if last["state"] == "healthy" && last["incarnation"].as_u64() >= Some(incarnation) {
+                return last;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "module {name} not healthy at incarnation {incarnation}: {last:#}\nlog:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sends a signal to ray-dashd.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal ray-dashd");
+    }
+
+    /// Waits (bounded) for ray-dashd to exit.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let child = self.child.as_mut().expect("running");
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ray-dashd did not exit within {within:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Dashd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGKILL: the modules follow through their parent-death signal.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A client that follows no redirects and has no proxy.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+        .expect("reqwest client")
+}
+
+/// Polls `probe` every 20 ms until it returns `Some`, at most for `within`.
+pub async fn eventually<T, F, Fut>(within: Duration, mut probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = probe().await {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether process `pid` is gone (or a zombie no one reaped yet).
+pub fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
+}
+
+/// Resident memory of `pid` in KiB (VmRSS).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS")
+}
+
+/// Sends `signal` to `pid`.
+pub fn kill(pid: u64, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("kill");
+}

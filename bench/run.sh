@@ -27,6 +27,7 @@ NGINX_MODE=${BENCH_NGINX:-auto}          # auto (use or try to install) | off
 NGINX_WORKERS=${BENCH_NGINX_WORKERS:-auto}
 BUILD=${BENCH_BUILD:-1}                  # 0: use the binaries already built
 PYTHON=${BENCH_PYTHON:-python3}
+ROUNDS=${BENCH_ROUNDS:-1}                # repeat every point this often (interleaved); the table shows medians
 THREADS=${BENCH_LOADGEN_THREADS:-1}
 DASHD_WORKERS=${BENCH_DASHD_WORKERS:-}    # ray-dashd's Tokio worker threads (TOKIO_WORKER_THREADS); empty: its default (one per core)
 DASHD_ENV=${BENCH_DASHD_ENV:-}            # extra NAME=VALUE words for ray-dashd's environment, e.g. MALLOC_ARENA_MAX=2
@@ -102,6 +103,17 @@ if [[ "$NGINX_MODE" != off ]]; then
     NGINX_BIN=$(command -v nginx || true)
     [[ -n "$NGINX_BIN" ]] || log "nginx not available: its columns will say n/a"
 fi
+
+# Anything else busy on the host skews every column; say so in the report.
+cpu_busy_pct() { # CPU busy over one second, all cores, in percent
+    local a b
+    a=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
+    sleep 1
+    b=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
+    awk -v a="$a" -v b="$b" 'BEGIN{split(a,x," "); split(b,y," "); t=y[2]-x[2]; p=0; if (t > 0) p=100*(y[1]-x[1])/t; printf("%.0f", p)}'
+}
+BUSY_BEFORE=$(cpu_busy_pct)
+(( BUSY_BEFORE < 10 )) || log "warning: the host was ${BUSY_BEFORE}% busy before the run; results will be skewed"
 
 # --- scratch space and cleanup --------------------------------------------------------
 # Short, so that <session>/sockets/dash_bench stays far below 107 bytes.
@@ -277,41 +289,45 @@ cpu_pids() {
     esac
 }
 # record KIND TARGET CONNS -- COMMAND...: runs a loadgen command and tags its JSON line.
+ROUND=1
 record() {
     local kind=$1 target=$2 conns=$3 out
     shift 4
     if out=$("$LOADGEN" --threads "$THREADS" "$@"); then
-        printf '{"kind":"%s","target":"%s","conns":%s,"result":%s}\n' "$kind" "$target" "$conns" "$out" >>"$RAW"
-        log "$kind $target conns=$conns: $out"
+        printf '{"kind":"%s","target":"%s","conns":%s,"round":%s,"result":%s}\n' "$kind" "$target" "$conns" "$ROUND" "$out" >>"$RAW"
+        log "round $ROUND: $kind $target conns=$conns: $out"
     else
         log "$kind $target conns=$conns FAILED (see above); the table will show a gap"
     fi
 }
 
 record rss_start dashd 0 -- rss --pids "$DASHD_PID"
-for c in $HTTP_CONNS; do
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+    for c in $HTTP_CONNS; do
+        for t in "${targets[@]}"; do
+            cpu=$(cpu_pids "$t")
+            record http "$t" "$c" -- http --target "$(target_addr "$t")" --path "$SMALL_PATH" \
+                --connections "$c" --duration "$DURATION" --warmup "$WARMUP" \
+                ${cpu:+--cpu-pids "$cpu"} --backend-pid "$BACKEND_PID" --clk-tck "$CLK_TCK"
+        done
+    done
+    if ((ROUND == 1)); then record rss_http dashd 0 -- rss --pids "$DASHD_PID"; fi
     for t in "${targets[@]}"; do
         cpu=$(cpu_pids "$t")
-        record http "$t" "$c" -- http --target "$(target_addr "$t")" --path "$SMALL_PATH" \
-            --connections "$c" --duration "$DURATION" --warmup "$WARMUP" \
-            ${cpu:+--cpu-pids "$cpu"} --backend-pid "$BACKEND_PID" --clk-tck "$CLK_TCK"
+        record stream "$t" 1 -- stream --target "$(target_addr "$t")" --path "$STREAM_PATH" \
+            --expect-bytes "$STREAM_BYTES" --runs "$STREAM_RUNS" ${cpu:+--cpu-pids "$cpu"} --clk-tck "$CLK_TCK"
+    done
+    if ((ROUND == 1)); then record rss_stream dashd 0 -- rss --pids "$DASHD_PID"; fi
+    for c in $WS_CONNS; do
+        for t in "${targets[@]}"; do
+            cpu=$(cpu_pids "$t")
+            record ws "$t" "$c" -- ws --target "$(target_addr "$t")" --path "$WS_PATH" \
+                --connections "$c" --duration "$DURATION" --warmup "$WARMUP" \
+                ${cpu:+--cpu-pids "$cpu"} --clk-tck "$CLK_TCK"
+        done
     done
 done
-record rss_http dashd 0 -- rss --pids "$DASHD_PID"
-for t in "${targets[@]}"; do
-    cpu=$(cpu_pids "$t")
-    record stream "$t" 1 -- stream --target "$(target_addr "$t")" --path "$STREAM_PATH" \
-        --expect-bytes "$STREAM_BYTES" --runs "$STREAM_RUNS" ${cpu:+--cpu-pids "$cpu"} --clk-tck "$CLK_TCK"
-done
-record rss_stream dashd 0 -- rss --pids "$DASHD_PID"
-for c in $WS_CONNS; do
-    for t in "${targets[@]}"; do
-        cpu=$(cpu_pids "$t")
-        record ws "$t" "$c" -- ws --target "$(target_addr "$t")" --path "$WS_PATH" \
-            --connections "$c" --duration "$DURATION" --warmup "$WARMUP" \
-            ${cpu:+--cpu-pids "$cpu"} --clk-tck "$CLK_TCK"
-    done
-done
+ROUND=$ROUNDS
 # Peaks over the whole run (VmHWM is the process's high-water mark).
 record rss dashd 0 -- rss --pids "$DASHD_PID"
 if [[ -n "$NGINX_PID" ]]; then record rss nginx 0 -- rss --pids "$NGINX_PIDS"; fi
@@ -326,9 +342,9 @@ if [[ "$THREADS" -le 1 ]]; then runtime="current-thread runtime"; else runtime="
     echo "# ray-dashd benchmark"
     echo
     echo "- machine: nproc $(nproc), $MODEL, Linux $(uname -r)"
-    echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV (working tree as built)"
+    echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV (working tree as built); host CPU ${BUSY_BEFORE}% busy in the second before the run (other load skews every column)"
     echo "- backend: $BACKEND_DESC; routes $SMALL_PATH (http), ${STREAM_PATH%%\?*} (stream), $WS_PATH (websocket)"
-    echo "- load: ray-dashd-bench ($runtime), closed loop, HTTP/1.1 keep-alive, ${DURATION} s measured after ${WARMUP} s warm-up per point; stream: $((STREAM_BYTES / 1048576)) MiB × $STREAM_RUNS runs (best); websocket: 32-byte text, one outstanding per connection"
+    echo "- load: ray-dashd-bench ($runtime), $ROUNDS round(s) of every point, interleaved (medians shown), closed loop, HTTP/1.1 keep-alive, ${DURATION} s measured after ${WARMUP} s warm-up per point; stream: $((STREAM_BYTES / 1048576)) MiB × $STREAM_RUNS runs (best); websocket: 32-byte text, one outstanding per connection"
     echo "- ray-dashd: Tokio worker threads ${DASHD_WORKERS:-default (one per core)}, log level ${RAY_DASHD_LOG:-${RUST_LOG:-info (default)}}${DASHD_ENV:+, extra environment: $DASHD_ENV}"
     echo "- nginx: $NGINX_DESC"
     echo "- direct = the backend's own Unix socket; proxy CPU = utime+stime of the proxy process(es) in the measured window ÷ requests; RSS = VmHWM (nginx: summed over master and workers)"

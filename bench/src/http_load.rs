@@ -17,6 +17,9 @@ use crate::procfs::CpuMeter;
 
 /// Pause after a failed connect, so that a dead target is not spun on.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(10);
+/// How long past the end of the window a request may still take before the
+/// run gives up on it (a hung server must not hang the benchmark).
+const GRACE: Duration = Duration::from_secs(10);
 
 /// What to run.
 #[derive(Debug)]
@@ -151,7 +154,16 @@ async fn worker(target: Target, path: String, measure_from: Instant, until: Inst
                 break 'connect;
             }
             let counted = t0 >= measure_from;
-            match net::get_drained(&mut sender, &target, &path).await {
+            let exchange = net::get_drained(&mut sender, &target, &path);
+            let Ok(result) = tokio::time::timeout_at((until + GRACE).into(), exchange).await else {
+                note(
+                    &mut tally,
+                    counted,
+                    format!("no response within {GRACE:?} of the end"),
+                );
+                break 'connect;
+            };
+            match result {
                 Ok(d) if d.status.is_success() => {
                     if counted {
                         tally.hist.saturating_record(micros(t0.elapsed()));

@@ -163,8 +163,20 @@ pub(crate) async fn get_drained(
     })
 }
 
-/// One GET on a fresh connection: status and body text.
+/// How long [`get_once`] may take in all.
+const GET_ONCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// One GET on a fresh connection, within [`GET_ONCE_TIMEOUT`]: status and
+/// body.
 pub(crate) async fn get_once(target: &Target, path: &str) -> anyhow::Result<(StatusCode, Bytes)> {
+    tokio::time::timeout(GET_ONCE_TIMEOUT, get_once_unbounded(target, path))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("GET {path} on {target}: no answer within {GET_ONCE_TIMEOUT:?}")
+        })?
+}
+
+async fn get_once_unbounded(target: &Target, path: &str) -> anyhow::Result<(StatusCode, Bytes)> {
     let mut sender = open(target).await?;
     sender.ready().await.context("connection closed")?;
     let response = sender

@@ -3,7 +3,8 @@
 //!
 //! Input: one JSON object a line, as `run.sh` writes them:
 //! `{"kind": "http"|"stream"|"ws"|"rss"|"kill", "target": "direct"|"dashd"|"nginx",
-//!   "conns": N, "result": {...}}` where `result` is a subcommand's output.
+//!   "conns": N, "round": R, "result": {...}}` where `result` is a subcommand's
+//! output. A measurement repeated over rounds is shown as its median.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -38,8 +39,24 @@ impl Results {
             .map(|v| &v["result"])
     }
 
+    /// The median of `field` over every matching result (one per round).
     fn number(&self, kind: &str, target: &str, conns: Option<u64>, field: &str) -> Option<f64> {
-        self.find(kind, target, conns)?.get(field)?.as_f64()
+        let mut values: Vec<f64> = self
+            .0
+            .iter()
+            .filter(|v| {
+                v["kind"] == kind
+                    && v["target"] == target
+                    && conns.is_none_or(|c| v["conns"].as_u64() == Some(c))
+            })
+            .filter_map(|v| v["result"].get(field)?.as_f64())
+            .collect();
+        values.sort_by(f64::total_cmp);
+        match values.len() {
+            0 => None,
+            n if n % 2 == 1 => Some(values[n / 2]),
+            n => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+        }
     }
 }
 
@@ -241,7 +258,17 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
             goal_text: "",
         });
     }
-    let mut rss = per_target("rss", None, "vmhwm_kib").map(|v| v.map(|k| k / 1024.0));
+    // The kernel's VmHWM is kept lazily (it can read a little lower than an
+    // earlier VmRSS-based reading), so the peak is the largest of all samples.
+    let mut rss = TARGETS.map(|t| {
+        r.0.iter()
+            .filter(|v| {
+                v["target"] == t && v["kind"].as_str().is_some_and(|k| k.starts_with("rss"))
+            })
+            .filter_map(|v| v["result"]["vmhwm_kib"].as_f64())
+            .reduce(f64::max)
+            .map(|k| k / 1024.0)
+    });
     rss[0] = None;
     rows.push(Row {
         metric: "proxy peak RSS MiB (VmHWM)".to_owned(),

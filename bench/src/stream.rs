@@ -1,12 +1,15 @@
 //! Streaming throughput: one large GET at a time, its body drained and
 //! counted, timed from writing the request to the body's last byte.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use crate::net::{self, Target};
 use crate::procfs::CpuMeter;
+
+/// The longest one transfer may take.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Makes `runs` transfers one after another; reports the best and each one.
 pub(crate) async fn run(
@@ -26,7 +29,14 @@ pub(crate) async fn run(
         let t0 = Instant::now();
         let net::Drained {
             status, bytes: n, ..
-        } = net::get_drained(&mut sender, target, path).await?;
+        } = tokio::time::timeout(
+            TRANSFER_TIMEOUT,
+            net::get_drained(&mut sender, target, path),
+        )
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("GET {path} on {target}: not done in {TRANSFER_TIMEOUT:?}")
+        })??;
         let secs = t0.elapsed().as_secs_f64();
         if !status.is_success() {
             anyhow::bail!("GET {path} on {target} answered {status}");

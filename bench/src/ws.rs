@@ -25,6 +25,12 @@ pub(crate) struct Plan {
     pub(crate) clk_tck: u64,
 }
 
+/// How long past the end of the window an echo may still take before the
+/// run gives up on it.
+const GRACE: Duration = Duration::from_secs(10);
+/// How long opening one websocket may take.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Debug)]
 struct Tally {
     hist: Histogram<u64>,
@@ -35,6 +41,12 @@ struct Tally {
 type Socket = tokio_tungstenite::WebSocketStream<BoxIo>;
 
 async fn open(target: &Target, path: &str) -> anyhow::Result<Socket> {
+    tokio::time::timeout(OPEN_TIMEOUT, open_unbounded(target, path))
+        .await
+        .map_err(|_| anyhow::anyhow!("websocket to {target}{path}: not open in {OPEN_TIMEOUT:?}"))?
+}
+
+async fn open_unbounded(target: &Target, path: &str) -> anyhow::Result<Socket> {
     let io = target.connect().await?;
     let url = format!("ws://{}{}", target.authority(), path);
     let (socket, _) = tokio_tungstenite::client_async(url.as_str(), io)
@@ -115,30 +127,16 @@ async fn worker(
             if t0 >= until {
                 break;
             }
-            socket
-                .send(Message::text(payload.as_str()))
+            let exchange = echo(&mut socket, &payload);
+            tokio::time::timeout_at((until + GRACE).into(), exchange)
                 .await
-                .context("send")?;
-            loop {
-                match socket.next().await {
-                    Some(Ok(Message::Text(echo))) => {
-                        if echo.len() != payload.len() {
-                            anyhow::bail!("echo of {} bytes, sent {}", echo.len(), payload.len());
-                        }
-                        break;
-                    }
-                    Some(Ok(Message::Close(frame))) => anyhow::bail!("closed by peer: {frame:?}"),
-                    Some(Ok(_)) => continue,
-                    Some(Err(e)) => return Err(e).context("receive"),
-                    None => anyhow::bail!("connection ended"),
-                }
-            }
+                .map_err(|_| anyhow::anyhow!("no echo within {GRACE:?} of the end"))??;
             if t0 >= measure_from {
                 tally.hist.saturating_record(micros(t0.elapsed()));
                 tally.messages += 1;
             }
         }
-        let _ = socket.close(None).await;
+        let _ = tokio::time::timeout(GRACE, socket.close(None)).await;
         Ok(())
     }
     .await;
@@ -146,4 +144,23 @@ async fn worker(
         tally.error = Some(format!("{e:#}"));
     }
     tally
+}
+
+/// Sends one message and waits for its echo.
+async fn echo(socket: &mut Socket, payload: &str) -> anyhow::Result<()> {
+    socket.send(Message::text(payload)).await.context("send")?;
+    loop {
+        match socket.next().await {
+            Some(Ok(Message::Text(echo))) => {
+                if echo.len() != payload.len() {
+                    anyhow::bail!("echo of {} bytes, sent {}", echo.len(), payload.len());
+                }
+                return Ok(());
+            }
+            Some(Ok(Message::Close(frame))) => anyhow::bail!("closed by peer: {frame:?}"),
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(e).context("receive"),
+            None => anyhow::bail!("connection ended"),
+        }
+    }
 }

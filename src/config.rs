@@ -47,6 +47,9 @@ pub struct ServerSettings {
     pub http_response_timeout: Duration,
     /// How long in-flight requests may take to finish after SIGTERM or SIGINT.
     pub shutdown_grace: Duration,
+    /// Threads of the async runtime; 1 runs everything on one thread, the
+    /// cheapest per request when the modules behind need the other cores.
+    pub worker_threads: usize,
 }
 
 /// One module: how to start it, how to supervise it and which routes it serves.
@@ -156,6 +159,7 @@ struct RawServer {
     max_websocket_message_bytes: Option<usize>,
     http_response_timeout_secs: Option<f64>,
     shutdown_grace_secs: Option<f64>,
+    worker_threads: Option<usize>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -281,6 +285,11 @@ impl Validator<'_> {
                 s.shutdown_grace_secs,
                 Duration::from_secs(10),
             )?,
+            worker_threads: match s.worker_threads {
+                None => 1,
+                Some(0) => return Err(self.invalid("server.worker_threads", "must be at least 1")),
+                Some(n) => n,
+            },
         };
 
         let mut modules = Vec::with_capacity(raw.modules.len());

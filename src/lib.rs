@@ -47,7 +47,15 @@ pub fn launch(config: Config) -> Result<(), StartupError> {
         Session::check_socket_path(&session.socket_path(&module.name))?;
     }
     let _log_guard = logging::init(&session)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut builder = match config.server.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+    };
+    let runtime = builder
         .enable_all()
         .build()
         .map_err(|source| StartupError::Session {
@@ -84,7 +92,7 @@ pub async fn run(
         supervisor.modules().to_vec(),
         config.server.clone(),
     ));
-    let app = server::router(AppState {
+    let service = server::Dispatch::new(AppState {
         supervisor: Arc::clone(&supervisor),
         proxy,
     });
@@ -94,7 +102,7 @@ pub async fn run(
         modules = config.modules.len(),
         "ray-dashd listening"
     );
-    server::serve(listener, app, &config.server, shutdown).await;
+    server::serve(listener, service, &config.server, shutdown).await;
 
     let stop_budget = config
         .modules

@@ -4,18 +4,16 @@
 
 mod body;
 mod headers;
+mod pool;
 mod websocket;
 
-use std::path::Path;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::Response;
+use http::uri::PathAndQuery;
 use http::{header, HeaderValue, Request, Uri, Version};
 use http_body_util::{LengthLimitError, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use hyperlocal::UnixConnector;
 
 use crate::config::{RouteKind, ServerSettings};
 use crate::error::ProxyError;
@@ -24,24 +22,8 @@ use crate::supervisor::{Gate, ModuleHandle};
 
 pub(crate) use body::CancelableBody;
 pub(crate) use headers::strip_hop_by_hop;
-
-/// A connection pool to one incarnation of one module.
-pub type ModuleClient = Client<UnixConnector, Body>;
-
-/// How long an idle pooled connection to a module is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Makes the connection pool for a new incarnation.
-pub fn new_module_client() -> ModuleClient {
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .build(UnixConnector)
-}
-
-/// The URI of `path_and_query` on the module listening at `socket`.
-pub fn module_uri(socket: &Path, path_and_query: &str) -> Uri {
-    hyperlocal::Uri::new(socket, path_and_query).into()
-}
+pub use pool::ModulePool;
+pub(crate) use pool::PooledBody;
 
 /// An error and its causes, joined with `: `.
 pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
@@ -146,7 +128,7 @@ impl Proxy {
             body,
             usize::try_from(limit).unwrap_or(usize::MAX),
         ));
-        let upstream = upstream_request(module, parts, body);
+        let upstream = upstream_request(parts, body);
         let deadline = match kind {
             RouteKind::Http => Some(self.settings.http_response_timeout),
             RouteKind::Stream | RouteKind::Websocket => None,
@@ -163,25 +145,24 @@ impl Proxy {
 
 /// Rewrites the client's request for the module: same method, path, query,
 /// headers and body; HTTP/1.1 to the module's socket, hop-by-hop headers out.
-fn upstream_request(
-    module: &ModuleHandle,
-    mut parts: http::request::Parts,
-    body: Body,
-) -> Request<Body> {
-    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let uri = module_uri(module.socket(), path_and_query);
+fn upstream_request(mut parts: http::request::Parts, body: Body) -> Request<Body> {
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
     if !parts.headers.contains_key(header::HOST) {
-        // HTTP/2 clients name the host in the URI; HTTP/1.1 needs the header.
-        if let Some(host) = parts
+        // HTTP/2 clients name the host in the URI (HTTP/1.0 ones may not name
+        // it at all); HTTP/1.1 needs the header.
+        let host = parts
             .uri
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        {
-            parts.headers.insert(header::HOST, host);
-        }
+            .unwrap_or(HeaderValue::from_static("localhost"));
+        parts.headers.insert(header::HOST, host);
     }
     strip_hop_by_hop(&mut parts.headers);
-    parts.uri = uri;
+    parts.uri = Uri::from(path_and_query);
     parts.version = Version::HTTP_11;
     Request::from_parts(parts, body)
 }
@@ -191,11 +172,15 @@ fn upstream_request(
 fn downstream_response(
     module: &ModuleHandle,
     gate: &Gate,
-    response: http::Response<hyper::body::Incoming>,
+    response: http::Response<PooledBody>,
 ) -> Response {
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    let body = Body::new(CancelableBody::new(body, &gate.cancel, module.name()));
+    let body = Body::new(CancelableBody::new(
+        body,
+        &gate.cancel,
+        module.shared_name(),
+    ));
     Response::from_parts(parts, body)
 }
 
@@ -211,9 +196,9 @@ async fn send(
     gate: &Gate,
     request: Request<Body>,
     deadline: Option<Duration>,
-) -> Result<http::Response<hyper::body::Incoming>, SendError> {
+) -> Result<http::Response<PooledBody>, SendError> {
     let name = module.name();
-    let exchange = gate.client.request(request);
+    let exchange = gate.client.send(request);
     let bounded = async {
         match deadline {
             Some(after) => tokio::time::timeout(after, exchange)
@@ -236,15 +221,7 @@ async fn send(
         Ok(Ok(response)) => Ok(response),
         Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => Err(SendError::BodyTooLarge),
         Ok(Err(e)) => {
-            let reason = if e.is_connect() {
-                format!(
-                    "cannot connect to {}: {}",
-                    module.socket().display(),
-                    error_chain(&e)
-                )
-            } else {
-                error_chain(&e)
-            };
+            let reason = error_chain(&e);
             Err(SendError::Proxy(ProxyError::Upstream {
                 module: name.to_owned(),
                 reason,

@@ -1,7 +1,9 @@
 //! The HTTP server: the host's own routes, the static UI, the proxy as the
 //! fallback, and the accept loop with its limits and graceful drain.
 
+use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,11 +13,12 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tower::ServiceExt;
 use tower_http::trace::TraceLayer;
 use tracing::{debug, info, warn};
 
@@ -108,7 +111,7 @@ fn unknown_module(name: &str) -> Response {
     (StatusCode::NOT_FOUND, Json(body)).into_response()
 }
 
-/// Module routes first; paths no module claims are looked up in the UI.
+/// Paths that neither the host nor a module claims: the UI's files, or 404.
 async fn fallback(State(state): State<AppState>, request: Request<Body>) -> Response {
     let lookup = state.proxy.lookup(&request);
     if lookup == Lookup::NotFound {
@@ -118,17 +121,7 @@ async fn fallback(State(state): State<AppState>, request: Request<Body>) -> Resp
             return response;
         }
     }
-    match state.proxy.forward(lookup, request).await {
-        Ok(response) => response,
-        Err(error) => {
-            // The module's failures are the operator's concern; the client's
-            // own mistakes (404, 405, 413, 400) are not logged.
-            if error.is_upstream() {
-                warn!(%error, "request failed");
-            }
-            error.into_response()
-        }
-    }
+    forward(&state.proxy, lookup, request).await
 }
 
 /// Serves a file of the embedded UI at its own path or under `/dashd/`;
@@ -185,11 +178,63 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The service every connection runs: module routes go straight to the
+/// proxy (the hot path: no router, no extra layers); everything else goes
+/// to the host's router.
+#[derive(Debug, Clone)]
+pub struct Dispatch {
+    proxy: Arc<Proxy>,
+    router: Router,
+}
+
+impl Dispatch {
+    /// Serves `state`'s module routes through the proxy and the rest through
+    /// [`router`].
+    pub fn new(state: AppState) -> Dispatch {
+        Dispatch {
+            proxy: Arc::clone(&state.proxy),
+            router: router(state),
+        }
+    }
+}
+
+impl hyper::service::Service<Request<Incoming>> for Dispatch {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let request = request.map(Body::new);
+        let lookup = self.proxy.lookup(&request);
+        if lookup == Lookup::NotFound {
+            let router = self.router.clone();
+            return Box::pin(async move { router.oneshot(request).await });
+        }
+        let proxy = Arc::clone(&self.proxy);
+        Box::pin(async move { Ok(forward(&proxy, lookup, request).await) })
+    }
+}
+
+/// Forwards a request a module route claims; failures become responses.
+async fn forward(proxy: &Proxy, lookup: Lookup, request: Request<Body>) -> Response {
+    match proxy.forward(lookup, request).await {
+        Ok(response) => response,
+        Err(error) => {
+            // The module's failures are the operator's concern; the client's
+            // own mistakes (405, 413, 400) are not logged.
+            if error.is_upstream() {
+                warn!(%error, "request failed");
+            }
+            error.into_response()
+        }
+    }
+}
+
 /// Accepts connections on `listener` until `shutdown` resolves, then stops
 /// accepting and lets in-flight requests finish within the grace period.
 pub async fn serve(
     listener: TcpListener,
-    app: Router,
+    service: Dispatch,
     settings: &ServerSettings,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -204,7 +249,6 @@ pub async fn serve(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
-    let service = TowerToHyperService::new(app);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {

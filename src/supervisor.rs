@@ -42,6 +42,8 @@ use task::{Control, ModuleTask};
 #[derive(Debug)]
 pub(crate) struct ModuleShared {
     pub(crate) spec: ModuleSpec,
+    /// The module's name, shared cheaply with response bodies.
+    pub(crate) name: Arc<str>,
     /// `<session>/sockets/dash_<name>`.
     pub(crate) socket: PathBuf,
     status: Mutex<Status>,
@@ -76,6 +78,11 @@ impl ModuleHandle {
     /// The socket the module listens on.
     pub fn socket(&self) -> &std::path::Path {
         &self.shared.socket
+    }
+
+    /// The module's name as a shared string.
+    pub(crate) fn shared_name(&self) -> &Arc<str> {
+        &self.shared.name
     }
 
     /// Lets a request through to the healthy incarnation, or says why not.
@@ -213,9 +220,11 @@ impl Supervisor {
             .iter()
             .map(|spec| {
                 let (controls_tx, controls_rx) = mpsc::channel(1);
+                let socket = session.socket_path(&spec.name);
                 let shared = Arc::new(ModuleShared {
                     spec: spec.clone(),
-                    socket: session.socket_path(&spec.name),
+                    name: Arc::from(spec.name.as_str()),
+                    socket,
                     status: Mutex::new(Status::default()),
                     controls: controls_tx,
                 });

@@ -316,3 +316,27 @@ async fn head_uses_get_route() {
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers().get_all("set-cookie").iter().count(), 3);
 }
+
+/// A request head over `max_header_bytes` is refused with 431 before it
+/// reaches a module.
+#[tokio::test]
+async fn oversized_request_head_is_refused() {
+    let d = dashd()
+        .server("max_header_bytes", "16384")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let request = format!(
+        "GET /test/echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(32 * 1024)
+    );
+    let response = raw_exchange(d.addr(), request.as_bytes());
+    assert!(response.starts_with("HTTP/1.1 431"), "{response}");
+    let fine = client()
+        .get(d.url("/test/echo"))
+        .header("x-small", "a".repeat(4 * 1024))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(fine.status(), 200);
+}

@@ -207,3 +207,22 @@ async fn module_failure_closes_websocket() {
         other => panic!("expected the websocket to end, got {other:?}"),
     }
 }
+
+/// Each hop answers its own pings: the client gets its pong from the host
+/// even while the module cannot answer anything.
+#[tokio::test]
+async fn host_answers_client_pings_while_module_is_stopped() {
+    let d = dashd().module(test_module("tm")).start();
+    let report = d.healthy("tm", 0).await;
+    let pid = report["pid"].as_u64().expect("pid");
+    let (mut ws, _) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/echo"))
+        .await
+        .expect("connect");
+    crate::support::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+    ws.send(Message::Ping(b"hop".to_vec().into()))
+        .await
+        .expect("ping");
+    let pong = next_message(&mut ws).await;
+    crate::support::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    assert_eq!(pong, Message::Pong(b"hop".to_vec().into()));
+}

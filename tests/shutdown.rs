@@ -98,3 +98,14 @@ async fn stops_accepting_after_sigterm() {
     let refused = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2));
     assert!(refused.is_err());
 }
+
+/// SIGINT shuts down the same way as SIGTERM.
+#[tokio::test]
+async fn sigint_exits_0_and_stops_modules() {
+    let mut d = dashd().module(test_module("a")).start();
+    let pid = d.healthy("a", 0).await["pid"].as_u64().expect("pid") as u32;
+    d.signal(Signal::SIGINT);
+    assert_eq!(d.wait_exit(WAIT).code(), Some(0), "log:\n{}", d.log());
+    assert!(process_gone(pid));
+    assert!(!d.socket_path("a").exists());
+}

@@ -432,6 +432,15 @@ async fn module_gets_contract_env_and_log_files() {
     );
     let host_log = std::fs::read_to_string(logs.join("dashboard.log")).expect("host log");
     assert!(host_log.contains("module failed"), "{host_log}");
+    // The failure report quotes the module's last stderr lines.
+    let report_line = host_log
+        .lines()
+        .find(|l| l.contains("module failed"))
+        .expect("failure line");
+    assert!(
+        report_line.contains("test-module stderr line incarnation=0"),
+        "{report_line}"
+    );
 
     let modules: Value = client()
         .get(d.url("/api/modules"))

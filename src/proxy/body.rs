@@ -3,11 +3,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// The body error seen by the client's connection when the module failed.
@@ -15,14 +15,14 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 #[error("module {0} failed while answering")]
 pub(crate) struct ModuleFailed(pub(crate) String);
 
-/// [`Incoming`] from a module, cut when `cancelled` fires.
-pub(crate) struct CancelableBody {
-    inner: Incoming,
+/// A body from a module, cut when `cancelled` fires.
+pub(crate) struct CancelableBody<B> {
+    inner: B,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
-    module: String,
+    module: Arc<str>,
 }
 
-impl std::fmt::Debug for CancelableBody {
+impl<B> std::fmt::Debug for CancelableBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CancelableBody")
             .field("module", &self.module)
@@ -30,17 +30,21 @@ impl std::fmt::Debug for CancelableBody {
     }
 }
 
-impl CancelableBody {
-    pub(crate) fn new(inner: Incoming, cancel: &CancellationToken, module: &str) -> Self {
+impl<B> CancelableBody<B> {
+    pub(crate) fn new(inner: B, cancel: &CancellationToken, module: &Arc<str>) -> Self {
         CancelableBody {
             inner,
             cancelled: Box::pin(cancel.clone().cancelled_owned()),
-            module: module.to_owned(),
+            module: Arc::clone(module),
         }
     }
 }
 
-impl Body for CancelableBody {
+impl<B> Body for CancelableBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -49,7 +53,7 @@ impl Body for CancelableBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         if self.cancelled.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err(ModuleFailed(self.module.clone()).into())));
+            return Poll::Ready(Some(Err(ModuleFailed(self.module.to_string()).into())));
         }
         Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
     }

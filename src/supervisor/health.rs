@@ -5,28 +5,25 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use http_body_util::BodyExt;
 
-use crate::proxy::{module_uri, ModuleClient};
+use crate::proxy::{error_chain, ModulePool};
 
 /// Largest healthz body read (and thrown away) so the connection is reused.
 const MAX_HEALTHZ_BODY: usize = 64 * 1024;
 
-/// Asks the module at `socket` for `/api/healthz`. `Ok` carries the round
+/// Asks the module behind `pool` for `/api/healthz`. `Ok` carries the round
 /// trip; `Err` says what failed, in words for `last_error`.
-pub(crate) async fn check_health(
-    client: &ModuleClient,
-    socket: &std::path::Path,
-    timeout: Duration,
-) -> Result<Duration, String> {
+pub(crate) async fn check_health(pool: &ModulePool, timeout: Duration) -> Result<Duration, String> {
     let started = Instant::now();
-    let request = http::Request::get(module_uri(socket, "/api/healthz"))
+    let request = http::Request::get("/api/healthz")
+        .header(http::header::HOST, "localhost")
         .header(http::header::USER_AGENT, "ray-dashd-health")
         .body(Body::empty())
         .expect("UNWRAP: static request is valid");
     let probe = async {
-        let response = client
-            .request(request)
+        let response = pool
+            .send(request)
             .await
-            .map_err(|e| format!("healthz request failed: {}", crate::proxy::error_chain(&e)))?;
+            .map_err(|e| format!("healthz request failed: {}", error_chain(&e)))?;
         let status = response.status();
         let body = http_body_util::Limited::new(response.into_body(), MAX_HEALTHZ_BODY);
         let _ = body.collect().await;

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::proxy::ModuleClient;
+use crate::proxy::ModulePool;
 
 /// How many past events a module keeps for `/api/modules`.
 const EVENT_HISTORY: usize = 32;
@@ -48,7 +48,7 @@ impl ModuleState {
 #[derive(Debug, Clone)]
 pub(crate) struct Gate {
     /// The connection pool to this incarnation's socket.
-    pub(crate) client: ModuleClient,
+    pub(crate) client: ModulePool,
     /// Cancelled when the incarnation fails: in-flight requests end at once.
     pub(crate) cancel: CancellationToken,
     /// The incarnation behind the gate.

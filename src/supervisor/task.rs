@@ -17,7 +17,7 @@ use super::spawn::{log_path, spawn_module, stop_child, tail};
 use super::state::{Gate, ModuleState};
 use super::ModuleShared;
 use crate::config::Supervision;
-use crate::proxy::new_module_client;
+use crate::proxy::ModulePool;
 use crate::session::Session;
 
 /// First pause between startup probes; it doubles up to [`MAX_STARTUP_POLL`].
@@ -147,7 +147,7 @@ impl ModuleTask {
         let mut exited: Option<ExitStatus> = None;
         let exit = child.wait();
         tokio::pin!(exit);
-        let client = new_module_client();
+        let client = ModulePool::new(socket.clone());
         let mut ready_at = None;
 
         let end = 'life: {
@@ -159,7 +159,7 @@ impl ModuleTask {
                     break 'life End::Failed(format!("exited during startup ({})", describe(&status)));
                 }
                 Some(Control::Restart) = self.controls.recv() => break 'life End::Restart,
-                ready = wait_ready(&client, socket, sup) => ready,
+                ready = wait_ready(&client, sup) => ready,
             };
             let rtt = match ready {
                 Ok(rtt) => rtt,
@@ -205,7 +205,7 @@ impl ModuleTask {
                         exited = status.as_ref().ok().copied();
                         break 'life End::Failed(format!("exited ({})", describe(&status)));
                     }
-                    checked = check_health(&client, socket, sup.health_timeout) => checked,
+                    checked = check_health(&client, sup.health_timeout) => checked,
                 };
                 match checked {
                     Ok(rtt) => {
@@ -271,16 +271,12 @@ impl ModuleTask {
 }
 
 /// Probes `/api/healthz` until it answers 200 or the startup budget is spent.
-async fn wait_ready(
-    client: &crate::proxy::ModuleClient,
-    socket: &Path,
-    sup: &Supervision,
-) -> Result<Duration, String> {
+async fn wait_ready(client: &ModulePool, sup: &Supervision) -> Result<Duration, String> {
     let deadline = Instant::now() + sup.startup_timeout;
     let mut pause = FIRST_STARTUP_POLL;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let last = match check_health(client, socket, sup.health_timeout.min(left)).await {
+        let last = match check_health(client, sup.health_timeout.min(left)).await {
             Ok(rtt) => return Ok(rtt),
             Err(e) => e,
         };

@@ -1,0 +1,418 @@
+//! The websocket relay: frames' bytes are forwarded as they arrive, in
+//! both directions at once, with only their headers parsed. That keeps the
+//! per-message cost near a plain byte copy while the relay still knows
+//! where frames begin, so that it can answer pings on each hop, enforce the
+//! message size limit, see close frames cross, and close the client's
+//! socket with 1012 when the module's incarnation fails.
+//!
+//! # Theory of operation
+//!
+//! Each direction (client → module, module → client) is one loop that
+//! reads from its source into a buffer, parses frame headers, and writes
+//! whole runs of bytes to its sink. Data frames and close frames are
+//! forwarded unchanged (masked as they came: the client masks towards us as
+//! we must towards the module, and the module's frames are unmasked as they
+//! must be towards the client). Pings are answered by the relay itself, on
+//! the hop they came from, and pongs are dropped: each hop keeps itself
+//! alive. Frames the relay makes (pongs, closes) reach a sink only through
+//! the loop that owns it, and only between two frames.
+
+use std::io::Cursor;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+/// How long the closing handshake may take once a close was sent.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read buffer per direction; a frame larger than this streams through.
+const READ_BUFFER: usize = 64 * 1024;
+/// Frames the relay may queue for one sink (pongs, closes).
+const QUEUED_FRAMES: usize = 16;
+/// Longest close reason (RFC 6455 §5.5: control payloads are at most 125
+/// bytes, two of which are the code).
+const MAX_CLOSE_REASON: usize = 123;
+
+/// Which peer a sink writes to; it decides masking (RFC 6455 §5.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    /// The browser or client: frames to it are unmasked, from it masked.
+    Client,
+    /// The module: frames to it are masked, from it unmasked.
+    Module,
+}
+
+/// A frame the relay makes itself.
+#[derive(Debug)]
+enum Made {
+    Pong(Vec<u8>),
+    Close(CloseCode, String),
+}
+
+impl Made {
+    fn encode(self, to: Peer) -> Vec<u8> {
+        let mut frame = match self {
+            Made::Pong(payload) => Frame::pong(payload),
+            Made::Close(code, reason) => Frame::close(Some(CloseFrame {
+                code,
+                reason: truncate(&reason, MAX_CLOSE_REASON).to_owned().into(),
+            })),
+        };
+        if to == Peer::Module {
+            frame.header_mut().mask = Some(rand::random());
+        }
+        let mut bytes = Vec::with_capacity(frame.len());
+        frame
+            .format(&mut bytes)
+            .expect("UNWRAP: formatting into a Vec cannot fail");
+        bytes
+    }
+}
+
+fn truncate(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Relays frames between the client's and the module's sockets until both
+/// sides have closed, one side is gone, or `module_failed` fires.
+pub(super) async fn relay<C, M>(
+    client: C,
+    module: M,
+    module_failed: CancellationToken,
+    max_message: usize,
+    name: &str,
+) where
+    C: AsyncRead + AsyncWrite + Send,
+    M: AsyncRead + AsyncWrite + Send,
+{
+    let (client_rx, client_tx) = tokio::io::split(client);
+    let (module_rx, module_tx) = tokio::io::split(module);
+    let (to_client, to_client_queue) = mpsc::channel(QUEUED_FRAMES);
+    let (to_module, to_module_queue) = mpsc::channel(QUEUED_FRAMES);
+    // Set once a close has crossed (or been made): the rest has a deadline.
+    let closing = CancellationToken::new();
+    let upstream = Direction {
+        from: Peer::Client,
+        source: client_rx,
+        sink: module_tx,
+        queue: to_module_queue,
+        reply: to_client,
+        max_message,
+        closing: closing.clone(),
+    };
+    let downstream = Direction {
+        from: Peer::Module,
+        source: module_rx,
+        sink: client_tx,
+        queue: to_client_queue,
+        reply: to_module,
+        max_message,
+        closing: closing.clone(),
+    };
+    let both = async {
+        tokio::join!(
+            upstream.run(module_failed.clone(), name),
+            downstream.run(module_failed.clone(), name)
+        )
+    };
+    let deadline = async {
+        closing.cancelled().await;
+        tokio::time::sleep(CLOSE_TIMEOUT).await;
+    };
+    tokio::select! {
+        _ = both => {}
+        _ = deadline => debug!(module = %name, "websocket closing handshake timed out"),
+    }
+}
+
+/// One direction of the relay.
+struct Direction<R, W> {
+    /// Whose frames `source` carries.
+    from: Peer,
+    source: R,
+    sink: W,
+    /// Frames made for this sink by the other direction.
+    queue: mpsc::Receiver<Made>,
+    /// Frames for the source's peer, written by the other direction.
+    reply: mpsc::Sender<Made>,
+    max_message: usize,
+    closing: CancellationToken,
+}
+
+/// Where the parser is in the source's byte stream.
+#[derive(Debug, Clone, Copy)]
+enum Position {
+    /// At a frame boundary.
+    Boundary,
+    /// Inside a data or close frame's payload: `left` bytes still to come,
+    /// forwarded or (after the source's close) dropped.
+    Payload { left: u64, forward: bool },
+}
+
+/// Why a direction stops forwarding.
+#[derive(Debug)]
+enum Stop {
+    /// The source closed its stream.
+    Eof,
+    /// A read or write failed.
+    Io(std::io::Error),
+    /// The source broke the protocol or the size limit: close with this.
+    Refuse(CloseCode, String),
+    /// The module's incarnation failed.
+    ModuleFailed,
+}
+
+impl<R, W> Direction<R, W>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    fn to(&self) -> Peer {
+        match self.from {
+            Peer::Client => Peer::Module,
+            Peer::Module => Peer::Client,
+        }
+    }
+
+    async fn run(mut self, module_failed: CancellationToken, name: &str) {
+        let mut buf = BytesMut::with_capacity(READ_BUFFER);
+        let mut position = Position::Boundary;
+        // Length of the data message in progress, across its fragments.
+        let mut message = 0u64;
+        // A close from this source was forwarded: ignore what follows.
+        let mut closed = false;
+        // Registered once: re-registering every turn would take the token's
+        // lock once per message.
+        let failed = module_failed.cancelled();
+        tokio::pin!(failed);
+        let stop = loop {
+            let at_boundary = matches!(position, Position::Boundary);
+            tokio::select! {
+                biased;
+                _ = &mut failed => break Stop::ModuleFailed,
+                made = self.queue.recv(), if at_boundary => {
+                    let Some(made) = made else { continue };
+                    let is_close = matches!(made, Made::Close(..));
+                    if let Err(e) = self.sink.write_all(&made.encode(self.to())).await {
+                        break Stop::Io(e);
+                    }
+                    if is_close {
+                        self.closing.cancel();
+                    }
+                }
+                read = self.source.read_buf(&mut buf) => match read {
+                    Ok(0) => break Stop::Eof,
+                    Err(e) => break Stop::Io(e),
+                    Ok(_) => {
+                        match self.forward(&mut buf, &mut position, &mut message, &mut closed).await {
+                            Ok(()) => {}
+                            Err(stop) => break stop,
+                        }
+                        if buf.capacity() - buf.len() < READ_BUFFER / 4 {
+                            buf.reserve(READ_BUFFER);
+                        }
+                    }
+                },
+            }
+        };
+        self.finish(stop, position, closed, name).await;
+    }
+
+    /// Forwards every complete piece of `buf`, answering pings and checking
+    /// sizes; what is left is an incomplete header or ping.
+    async fn forward(
+        &mut self,
+        buf: &mut BytesMut,
+        position: &mut Position,
+        message: &mut u64,
+        closed: &mut bool,
+    ) -> Result<(), Stop> {
+        // The first `pass` bytes of `buf` are checked and wait to be written.
+        let mut pass = 0usize;
+        loop {
+            match *position {
+                Position::Payload { left, forward } => {
+                    let available = buf.len() - pass;
+                    if available == 0 {
+                        break;
+                    }
+                    let here = available.min(usize::try_from(left).unwrap_or(usize::MAX));
+                    if forward {
+                        pass += here;
+                    } else {
+                        self.flush(buf, &mut pass).await?;
+                        buf.advance(here);
+                    }
+                    let left = left - here as u64;
+                    if left > 0 {
+                        *position = Position::Payload { left, forward };
+                        break;
+                    }
+                    *position = Position::Boundary;
+                }
+                Position::Boundary => {
+                    let mut cursor = Cursor::new(&buf[pass..]);
+                    let parsed = FrameHeader::parse(&mut cursor).map_err(|e| {
+                        Stop::Refuse(CloseCode::Protocol, format!("bad frame: {e}"))
+                    })?;
+                    let Some((header, length)) = parsed else {
+                        break;
+                    };
+                    let header_len = cursor.position() as usize;
+                    self.check(&header, length)?;
+                    match header.opcode {
+                        OpCode::Control(control @ (Control::Ping | Control::Pong)) => {
+                            let total = header_len + length as usize;
+                            if buf.len() - pass < total {
+                                break; // the rest of this small frame is still on its way
+                            }
+                            self.flush(buf, &mut pass).await?;
+                            if control == Control::Ping && !*closed {
+                                let mut payload = buf[header_len..total].to_vec();
+                                if let Some(mask) = header.mask {
+                                    for (i, byte) in payload.iter_mut().enumerate() {
+                                        *byte ^= mask[i & 3];
+                                    }
+                                }
+                                // A full queue means the peer is not reading
+                                // its pongs anyway.
+                                let _ = self.reply.try_send(Made::Pong(payload));
+                            }
+                            buf.advance(total);
+                            continue;
+                        }
+                        OpCode::Control(Control::Close) => self.closing.cancel(),
+                        OpCode::Data(Data::Continue) => *message += length,
+                        OpCode::Data(_) => *message = length,
+                        OpCode::Control(_) => {}
+                    }
+                    if matches!(header.opcode, OpCode::Data(_))
+                        && *message > self.max_message as u64
+                    {
+                        return Err(Stop::Refuse(
+                            CloseCode::Size,
+                            format!("message over the limit of {} bytes", self.max_message),
+                        ));
+                    }
+                    // Nothing may follow a close (RFC 6455 §5.5.1): drop it.
+                    let forward = !*closed;
+                    if forward {
+                        pass += header_len;
+                    } else {
+                        self.flush(buf, &mut pass).await?;
+                        buf.advance(header_len);
+                    }
+                    if header.opcode == OpCode::Control(Control::Close) {
+                        *closed = true;
+                    }
+                    if length > 0 {
+                        *position = Position::Payload {
+                            left: length,
+                            forward,
+                        };
+                    }
+                }
+            }
+        }
+        self.flush(buf, &mut pass).await
+    }
+
+    /// Writes the first `pass` bytes of `buf` to the sink and drops them.
+    async fn flush(&mut self, buf: &mut BytesMut, pass: &mut usize) -> Result<(), Stop> {
+        if *pass > 0 {
+            self.sink.write_all(&buf[..*pass]).await.map_err(Stop::Io)?;
+            buf.advance(*pass);
+            *pass = 0;
+        }
+        Ok(())
+    }
+
+    /// The checks RFC 6455 §5 asks of every frame header.
+    fn check(&self, header: &FrameHeader, length: u64) -> Result<(), Stop> {
+        let refuse = |why: &str| Err(Stop::Refuse(CloseCode::Protocol, why.to_owned()));
+        if header.rsv1 || header.rsv2 || header.rsv3 {
+            return refuse("reserved bits set without an extension");
+        }
+        match (self.from, header.mask.is_some()) {
+            (Peer::Client, false) => return refuse("client frames must be masked"),
+            (Peer::Module, true) => return refuse("module frames must not be masked"),
+            _ => {}
+        }
+        if let OpCode::Control(control) = header.opcode {
+            if matches!(control, Control::Reserved(_)) {
+                return refuse("reserved opcode");
+            }
+            if length > 125 || !header.is_final {
+                return refuse("control frames must be whole and at most 125 bytes");
+            }
+        } else if let OpCode::Data(Data::Reserved(_)) = header.opcode {
+            return refuse("reserved opcode");
+        }
+        Ok(())
+    }
+
+    /// Ends this direction: tells both peers why where it can, and closes
+    /// the sink's stream.
+    async fn finish(mut self, stop: Stop, position: Position, closed: bool, name: &str) {
+        let at_boundary = matches!(position, Position::Boundary);
+        let (to_sink, to_source) = match &stop {
+            // A clean end: the close already crossed, or the peer just left.
+            Stop::Eof if closed => (None, None),
+            Stop::Eof | Stop::Io(_) => match self.from {
+                Peer::Client => (Some((CloseCode::Away, "client went away".to_owned())), None),
+                Peer::Module => (
+                    Some((CloseCode::Error, format!("module {name} connection lost"))),
+                    None,
+                ),
+            },
+            Stop::Refuse(code, reason) => {
+                (Some((*code, reason.clone())), Some((*code, reason.clone())))
+            }
+            Stop::ModuleFailed => match self.to() {
+                Peer::Client => (
+                    Some((
+                        CloseCode::Restart,
+                        format!("module {name} failed; it is being restarted"),
+                    )),
+                    None,
+                ),
+                Peer::Module => (None, None),
+            },
+        };
+        if let Stop::Io(e) = &stop {
+            debug!(module = %name, from = ?self.from, error = %e, "websocket relay stopped");
+        }
+        if let Some((code, reason)) = to_source {
+            let _ = self.reply.try_send(Made::Close(code, reason));
+        }
+        if let Some((code, reason)) = to_sink {
+            if at_boundary && !closed {
+                let frame = Made::Close(code, reason).encode(self.to());
+                let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.sink.write_all(&frame)).await;
+            }
+        }
+        self.closing.cancel();
+        // Frames the other direction still queued for this sink (a close
+        // reply, say) go out before the stream ends.
+        while let Ok(made) = self.queue.try_recv() {
+            if !at_boundary {
+                break;
+            }
+            let frame = made.encode(self.to());
+            if self.sink.write_all(&frame).await.is_err() {
+                break;
+            }
+        }
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.sink.shutdown()).await;
+    }
+}

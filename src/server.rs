@@ -14,10 +14,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 use tower_http::trace::TraceLayer;
 use tracing::{debug, info, warn};
@@ -238,18 +239,16 @@ pub async fn serve(
     settings: &ServerSettings,
     shutdown: impl Future<Output = ()>,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
+    // HTTP/1.1 only: the dashboard's clients (browsers without TLS, Ray's
+    // CLI and SDK, probes) all speak it, and a plain connection lets a
+    // websocket relay take the bare socket back after the upgrade.
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_buf_size(settings.max_header_bytes)
         .max_headers(MAX_HEADERS);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
+    let drain = CancellationToken::new();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -264,23 +263,34 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
-            .into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
+        let connection = http
+            .serve_connection(TokioIo::new(stream), service.clone())
+            .with_upgrades();
+        let drain = drain.clone();
+        connections.spawn(async move {
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                _ = drain.cancelled() => {
+                    // Finish the request in flight, then close.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
                 debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
     info!(
-        connections = graceful.count(),
+        connections = connections.len(),
         "stopped accepting; draining"
     );
+    drain.cancel();
+    connections.close();
     tokio::select! {
-        _ = graceful.shutdown() => info!("drained"),
+        _ = connections.wait() => info!("drained"),
         _ = tokio::time::sleep(settings.shutdown_grace) => {
             warn!(grace_ms = settings.shutdown_grace.as_millis() as u64, "drain timed out");
         }

@@ -7,7 +7,6 @@ mod relay;
 use axum::body::Body;
 use axum::response::Response;
 use http::{header, HeaderValue, Request, StatusCode};
-use hyper_util::rt::TokioIo;
 use tracing::debug;
 
 use super::{downstream_response, send, strip_hop_by_hop, upstream_request, SendError};
@@ -88,8 +87,8 @@ pub(super) async fn forward(
             }
         };
         relay::relay(
-            TokioIo::new(client_io),
-            TokioIo::new(module_io),
+            relay::Socket::from_upgraded(client_io),
+            relay::Socket::from_upgraded(module_io),
             gate.cancel,
             max_message,
             &name,

@@ -22,8 +22,9 @@ use crate::session::Session;
 
 /// First pause between startup probes; it doubles up to [`MAX_STARTUP_POLL`].
 const FIRST_STARTUP_POLL: Duration = Duration::from_millis(20);
-/// Longest pause between startup probes: readiness is seen within this.
-const MAX_STARTUP_POLL: Duration = Duration::from_millis(250);
+/// Longest pause between startup probes: readiness is seen within this. A
+/// probe of a socket nobody listens on yet costs one failed connect.
+const MAX_STARTUP_POLL: Duration = Duration::from_millis(50);
 /// Lines of each log quoted when a module fails.
 const TAIL_LINES: usize = 10;
 

@@ -20,8 +20,11 @@
 use std::io::Cursor;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
@@ -83,28 +86,71 @@ fn truncate(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// One side of the relay: its two halves and the bytes hyper had already
+/// read past the handshake.
+pub(super) struct Socket {
+    reader: Box<dyn AsyncRead + Send + Unpin>,
+    writer: Box<dyn AsyncWrite + Send + Unpin>,
+    early: Bytes,
+}
+
+impl Socket {
+    /// Takes the bare socket back from an upgraded connection when it is
+    /// one of ours (TCP from a client, a Unix socket to a module), so that
+    /// reads and writes skip hyper's adapters and the halves need no lock.
+    pub(super) fn from_upgraded(upgraded: Upgraded) -> Socket {
+        let upgraded = match upgraded.downcast::<TokioIo<TcpStream>>() {
+            Ok(parts) => return Socket::split(parts.io.into_inner().into_split(), parts.read_buf),
+            Err(upgraded) => upgraded,
+        };
+        let upgraded = match upgraded.downcast::<TokioIo<UnixStream>>() {
+            Ok(parts) => return Socket::split(parts.io.into_inner().into_split(), parts.read_buf),
+            Err(upgraded) => upgraded,
+        };
+        debug!("websocket relay on hyper's upgraded stream (not a bare socket)");
+        let (reader, writer) = tokio::io::split(TokioIo::new(upgraded));
+        Socket::split((reader, writer), Bytes::new())
+    }
+
+    fn split<R, W>((reader, writer): (R, W), early: Bytes) -> Socket
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        Socket {
+            reader: Box::new(reader),
+            writer: Box::new(writer),
+            early,
+        }
+    }
+}
+
+impl std::fmt::Debug for Socket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Socket")
+            .field("early", &self.early.len())
+            .finish()
+    }
+}
+
 /// Relays frames between the client's and the module's sockets until both
 /// sides have closed, one side is gone, or `module_failed` fires.
-pub(super) async fn relay<C, M>(
-    client: C,
-    module: M,
+pub(super) async fn relay(
+    client: Socket,
+    module: Socket,
     module_failed: CancellationToken,
     max_message: usize,
     name: &str,
-) where
-    C: AsyncRead + AsyncWrite + Send,
-    M: AsyncRead + AsyncWrite + Send,
-{
-    let (client_rx, client_tx) = tokio::io::split(client);
-    let (module_rx, module_tx) = tokio::io::split(module);
+) {
     let (to_client, to_client_queue) = mpsc::channel(QUEUED_FRAMES);
     let (to_module, to_module_queue) = mpsc::channel(QUEUED_FRAMES);
     // Set once a close has crossed (or been made): the rest has a deadline.
     let closing = CancellationToken::new();
     let upstream = Direction {
         from: Peer::Client,
-        source: client_rx,
-        sink: module_tx,
+        source: client.reader,
+        early: client.early,
+        sink: module.writer,
         queue: to_module_queue,
         reply: to_client,
         max_message,
@@ -112,8 +158,9 @@ pub(super) async fn relay<C, M>(
     };
     let downstream = Direction {
         from: Peer::Module,
-        source: module_rx,
-        sink: client_tx,
+        source: module.reader,
+        early: module.early,
+        sink: client.writer,
         queue: to_client_queue,
         reply: to_module,
         max_message,
@@ -140,6 +187,8 @@ struct Direction<R, W> {
     /// Whose frames `source` carries.
     from: Peer,
     source: R,
+    /// Bytes read from `source` before the relay began.
+    early: Bytes,
     sink: W,
     /// Frames made for this sink by the other direction.
     queue: mpsc::Receiver<Made>,
@@ -185,12 +234,22 @@ where
     }
 
     async fn run(mut self, module_failed: CancellationToken, name: &str) {
-        let mut buf = BytesMut::with_capacity(READ_BUFFER);
+        let mut buf = BytesMut::with_capacity(READ_BUFFER.max(self.early.len()));
+        buf.extend_from_slice(&std::mem::take(&mut self.early));
         let mut position = Position::Boundary;
         // Length of the data message in progress, across its fragments.
         let mut message = 0u64;
         // A close from this source was forwarded: ignore what follows.
         let mut closed = false;
+        if !buf.is_empty() {
+            if let Err(stop) = self
+                .forward(&mut buf, &mut position, &mut message, &mut closed)
+                .await
+            {
+                self.finish(stop, position, closed, name).await;
+                return;
+            }
+        }
         // Registered once: re-registering every turn would take the token's
         // lock once per message.
         let failed = module_failed.cancelled();

@@ -29,7 +29,7 @@ BUILD=${BENCH_BUILD:-1}                  # 0: use the binaries already built
 PYTHON=${BENCH_PYTHON:-python3}
 ROUNDS=${BENCH_ROUNDS:-1}                # repeat every point this often (interleaved); the table shows medians
 THREADS=${BENCH_LOADGEN_THREADS:-1}
-DASHD_WORKERS=${BENCH_DASHD_WORKERS:-}    # ray-dashd's Tokio worker threads (TOKIO_WORKER_THREADS); empty: its default (one per core)
+DASHD_WORKERS=${BENCH_DASHD_WORKERS:-}    # ray-dashd's runtime threads ([server] worker_threads); empty: its default (1)
 DASHD_ENV=${BENCH_DASHD_ENV:-}            # extra NAME=VALUE words for ray-dashd's environment, e.g. MALLOC_ARENA_MAX=2
 RESULTS_DIR=${BENCH_RESULTS_DIR:-$BENCH_DIR/results}
 
@@ -166,6 +166,7 @@ DASHD_PORT=$(free_port)
 cat >"$TMP/dashd.toml" <<EOF
 [server]
 host = "127.0.0.1"
+${DASHD_WORKERS:+worker_threads = $DASHD_WORKERS}
 
 [[modules]]
 name = "bench"
@@ -174,7 +175,7 @@ $ROUTES
 EOF
 log "starting ray-dashd on 127.0.0.1:$DASHD_PORT (session $SESSION)"
 # shellcheck disable=SC2086 # DASHD_ENV is a list of NAME=VALUE words
-env ${DASHD_WORKERS:+TOKIO_WORKER_THREADS=$DASHD_WORKERS} $DASHD_ENV \
+env $DASHD_ENV \
     "$DASHD_BIN" --session-dir "$SESSION" --port "$DASHD_PORT" --config "$TMP/dashd.toml" \
     >"$TMP/dashd.log" 2>&1 &
 DASHD_PID=$!
@@ -345,7 +346,7 @@ if [[ "$THREADS" -le 1 ]]; then runtime="current-thread runtime"; else runtime="
     echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV (working tree as built); host CPU ${BUSY_BEFORE}% busy in the second before the run (other load skews every column)"
     echo "- backend: $BACKEND_DESC; routes $SMALL_PATH (http), ${STREAM_PATH%%\?*} (stream), $WS_PATH (websocket)"
     echo "- load: ray-dashd-bench ($runtime), $ROUNDS round(s) of every point, interleaved (medians shown), closed loop, HTTP/1.1 keep-alive, ${DURATION} s measured after ${WARMUP} s warm-up per point; stream: $((STREAM_BYTES / 1048576)) MiB × $STREAM_RUNS runs (best); websocket: 32-byte text, one outstanding per connection"
-    echo "- ray-dashd: Tokio worker threads ${DASHD_WORKERS:-default (one per core)}, log level ${RAY_DASHD_LOG:-${RUST_LOG:-info (default)}}${DASHD_ENV:+, extra environment: $DASHD_ENV}"
+    echo "- ray-dashd: runtime threads ${DASHD_WORKERS:-1 (its default)}, log level ${RAY_DASHD_LOG:-${RUST_LOG:-info (default)}}${DASHD_ENV:+, extra environment: $DASHD_ENV}"
     echo "- nginx: $NGINX_DESC"
     echo "- direct = the backend's own Unix socket; proxy CPU = utime+stime of the proxy process(es) in the measured window ÷ requests; RSS = VmHWM (nginx: summed over master and workers)"
     echo

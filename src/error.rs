@@ -65,6 +65,9 @@ pub enum StartupError {
         #[source]
         source: std::io::Error,
     },
+    /// The async runtime or its signal handlers could not be set up.
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
     /// Logging could not be set up.
     #[error("cannot open log file {path}: {source}")]
     Log {

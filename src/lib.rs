@@ -58,19 +58,13 @@ pub fn launch(config: Config) -> Result<(), StartupError> {
     let runtime = builder
         .enable_all()
         .build()
-        .map_err(|source| StartupError::Session {
-            path: session.dir.clone(),
-            source,
-        })?;
+        .map_err(StartupError::Runtime)?;
     runtime.block_on(async {
         let addr = SocketAddr::new(config.host, config.port);
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| StartupError::Bind { addr, source })?;
-        let shutdown = shutdown::signal().map_err(|source| StartupError::Session {
-            path: session.dir.clone(),
-            source,
-        })?;
+        let shutdown = shutdown::signal().map_err(StartupError::Runtime)?;
         run(config, session, listener, shutdown).await;
         Ok(())
     })

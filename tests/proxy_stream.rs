@@ -7,14 +7,7 @@ use serde_json::Value;
 use crate::support::{client, dashd, eventually, rss_kib, test_module, WAIT};
 
 async fn stats(d: &crate::support::Dashd) -> Value {
-    client()
-        .get(d.url("/test/stats"))
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("stats json")
+    d.test_stats().await.expect("test module stats")
 }
 
 /// The first chunk reaches the client while the module still holds back the

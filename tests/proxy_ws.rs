@@ -2,12 +2,11 @@
 //! order, pings per hop, close codes across, size limits, HTTP fallback.
 
 use futures_util::{SinkExt, StreamExt};
-use serde_json::Value;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{self, Message};
 
-use crate::support::{client, dashd, eventually, test_module, WAIT};
+use crate::support::{dashd, eventually, test_module, WAIT};
 
 async fn next_message<S>(ws: &mut S) -> Message
 where
@@ -94,15 +93,7 @@ async fn client_close_code_reaches_module() {
     .await
     .expect("close");
     let recorded = eventually(WAIT, || async {
-        let stats: Value = client()
-            .get(d.url("/test/stats"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        let close = stats["ws_last_close"].clone();
+        let close = d.test_stats().await?["ws_last_close"].clone();
         (!close.is_null()).then_some(close)
     })
     .await

@@ -24,19 +24,7 @@ async fn sigterm_drains_exits_0_and_removes_sockets() {
             (response.status(), response.text().await.expect("body"))
         }
     });
-    eventually(WAIT, || async {
-        let stats: serde_json::Value = client()
-            .get(d.url("/test/stats"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (stats["requests_in_flight"].as_u64() >= Some(1)).then_some(())
-    })
-    .await
-    .expect("request in flight");
+    d.wait_in_flight(1).await;
     d.signal(Signal::SIGTERM);
     let (status, body) = tokio::time::timeout(WAIT, in_flight)
         .await

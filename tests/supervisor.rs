@@ -21,19 +21,7 @@ async fn restarts_module_after_kill_9_mid_request() {
         let url = d.url("/test/slow?ms=120000");
         async move { client().get(url).send().await.expect("request") }
     });
-    eventually(WAIT, || async {
-        let stats: Value = client()
-            .get(d.url("/test/stats"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (stats["requests_in_flight"].as_u64() >= Some(1)).then_some(())
-    })
-    .await
-    .expect("slow request reached the module");
+    d.wait_in_flight(1).await;
     kill(pid_of(&report), Signal::SIGKILL);
     let response = tokio::time::timeout(WAIT, in_flight)
         .await
@@ -124,19 +112,7 @@ async fn unhealthy_module_fails_in_flight_work_before_it_is_killed() {
         .expect("ws");
     ws.send(Message::Text("x".into())).await.expect("send");
     ws.next().await.expect("echo").expect("ok");
-    eventually(WAIT, || async {
-        let stats: Value = client()
-            .get(d.url("/test/stats"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (stats["requests_in_flight"].as_u64() >= Some(2)).then_some(())
-    })
-    .await
-    .expect("requests reached the module");
+    d.wait_in_flight(2).await;
 
     kill(pid, Signal::SIGSTOP);
     let response = tokio::time::timeout(WAIT, waiting)

@@ -335,6 +335,25 @@ impl Dashd {
         }
     }
 
+    /// `GET /test/stats` of the test module serving the `/test` routes.
+    pub async fn test_stats(&self) -> Option<Value> {
+        let response = client().get(self.url("/test/stats")).send().await.ok()?;
+        response.json().await.ok()
+    }
+
+    /// Waits until the test module has at least `n` requests in flight.
+    pub async fn wait_in_flight(&self, n: u64) {
+        let reached = eventually(WAIT, || async {
+            let stats = self.test_stats().await?;
+            (stats["requests_in_flight"].as_u64() >= Some(n)).then_some(())
+        })
+        .await;
+        assert!(
+            reached.is_some(),
+            "{n} requests never reached the test module"
+        );
+    }
+
     /// Sends a signal to ray-dashd.
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(self.pid() as i32);

@@ -140,12 +140,6 @@ pub enum ProxyError {
         /// The limit in bytes.
         limit: u64,
     },
-    /// The request is malformed.
-    #[error("bad request: {reason}")]
-    BadRequest {
-        /// What is wrong.
-        reason: String,
-    },
 }
 
 impl ProxyError {
@@ -157,7 +151,6 @@ impl ProxyError {
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BadRequest { .. } => StatusCode::BAD_REQUEST,
         }
     }
 

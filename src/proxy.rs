@@ -133,12 +133,7 @@ impl Proxy {
             RouteKind::Http => Some(self.settings.http_response_timeout),
             RouteKind::Stream | RouteKind::Websocket => None,
         };
-        let response = send(module, &gate, upstream, deadline)
-            .await
-            .map_err(|e| match e {
-                SendError::BodyTooLarge => ProxyError::BodyTooLarge { limit },
-                SendError::Proxy(e) => e,
-            })?;
+        let response = send(module, &gate, upstream, deadline, limit).await?;
         Ok(downstream_response(module, &gate, response))
     }
 }
@@ -184,19 +179,16 @@ fn downstream_response(
     Response::from_parts(parts, body)
 }
 
-enum SendError {
-    BodyTooLarge,
-    Proxy(ProxyError),
-}
-
 /// Sends `request` and waits for the response head, bounded by `deadline`
-/// and by the incarnation's health.
+/// and by the incarnation's health. `body_limit` is the limit its body was
+/// wrapped in, named in the 413 when the body broke it.
 async fn send(
     module: &ModuleHandle,
     gate: &Gate,
     request: Request<Body>,
     deadline: Option<Duration>,
-) -> Result<http::Response<PooledBody>, SendError> {
+    body_limit: u64,
+) -> Result<http::Response<PooledBody>, ProxyError> {
     let name = module.name();
     let exchange = gate.client.send(request);
     let bounded = async {
@@ -210,26 +202,25 @@ async fn send(
     let result = tokio::select! {
         biased;
         _ = gate.cancel.cancelled() => {
-            return Err(SendError::Proxy(ProxyError::Upstream {
+            return Err(ProxyError::Upstream {
                 module: name.to_owned(),
                 reason: format!("incarnation {} failed while handling the request", gate.incarnation),
-            }));
+            });
         }
         result = bounded => result,
     };
     match result {
         Ok(Ok(response)) => Ok(response),
-        Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => Err(SendError::BodyTooLarge),
-        Ok(Err(e)) => {
-            let reason = error_chain(&e);
-            Err(SendError::Proxy(ProxyError::Upstream {
-                module: name.to_owned(),
-                reason,
-            }))
+        Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => {
+            Err(ProxyError::BodyTooLarge { limit: body_limit })
         }
-        Err(after) => Err(SendError::Proxy(ProxyError::Timeout {
+        Ok(Err(e)) => Err(ProxyError::Upstream {
+            module: name.to_owned(),
+            reason: error_chain(&e),
+        }),
+        Err(after) => Err(ProxyError::Timeout {
             module: name.to_owned(),
             after,
-        })),
+        }),
     }
 }

@@ -9,7 +9,7 @@ use axum::response::Response;
 use http::{header, HeaderValue, Request, StatusCode};
 use tracing::debug;
 
-use super::{downstream_response, send, strip_hop_by_hop, upstream_request, SendError};
+use super::{downstream_response, send, strip_hop_by_hop, upstream_request};
 use crate::config::ServerSettings;
 use crate::error::ProxyError;
 use crate::supervisor::{Gate, ModuleHandle};
@@ -49,19 +49,15 @@ pub(super) async fn forward(
     // change the frames of one hop only.
     headers.remove(header::SEC_WEBSOCKET_EXTENSIONS);
 
+    // The handshake has no body, so the limit is never reached.
     let mut response = send(
         module,
         &gate,
         upstream,
         Some(settings.http_response_timeout),
+        settings.max_request_body_bytes,
     )
-    .await
-    .map_err(|e| match e {
-        SendError::Proxy(e) => e,
-        SendError::BodyTooLarge => ProxyError::BadRequest {
-            reason: "a websocket handshake has no body".into(),
-        },
-    })?;
+    .await?;
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
         return Ok(downstream_response(module, &gate, response));
     }

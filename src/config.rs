@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::cli::Cli;
 use crate::error::ConfigError;
+use crate::ray::{RayModules, RaySettings};
 
 /// The configuration used when `--config` is absent (`config/default.toml`).
 pub const DEFAULT_CONFIG: &str = include_str!("../config/default.toml");
@@ -32,6 +33,10 @@ pub struct Config {
     pub server: ServerSettings,
     /// The modules to supervise, in the order they are started.
     pub modules: Vec<ModuleSpec>,
+    /// Supervision settings of modules that set none of their own.
+    pub module_defaults: Supervision,
+    /// Whether and how to host Ray's own dashboard modules.
+    pub ray: RaySettings,
 }
 
 /// Limits and timeouts of the HTTP server and the proxy.
@@ -146,6 +151,22 @@ struct RawConfig {
     server: RawServer,
     module_defaults: RawSupervision,
     modules: Vec<RawModule>,
+    ray: RawRay,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawRay {
+    modules: Option<RayModules>,
+    python: Option<String>,
+}
+
+/// Only modules: what `routes.py` generates for Ray's modules.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModules {
+    #[serde(default)]
+    modules: Vec<RawModule>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -227,21 +248,35 @@ impl Config {
 
     /// Parses and validates `text`, which came from `origin` (named in errors).
     pub fn from_toml(origin: &str, text: &str, cli: &Cli) -> Result<Config, ConfigError> {
-        let deserializer = toml::Deserializer::new(text);
-        let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|err| {
-            let field = err.path().to_string();
-            ConfigError::Invalid {
-                file: origin.to_owned(),
-                field: if field == "." {
-                    "(top level)".into()
-                } else {
-                    field
-                },
-                problem: err.inner().message().trim().to_owned(),
-            }
-        })?;
+        let raw: RawConfig = parse(origin, text)?;
         Validator { origin }.validate(raw, cli)
     }
+
+    /// Adds the `[[modules]]` of `text` (from `origin`), checked like the
+    /// config file's own and against them: Ray's modules, found at start-up.
+    pub fn add_modules_toml(&mut self, origin: &str, text: &str) -> Result<(), ConfigError> {
+        let raw: RawModules = parse(origin, text)?;
+        let validator = Validator { origin };
+        let added = validator.modules(raw.modules, &self.module_defaults, &self.modules)?;
+        self.modules.extend(added);
+        Ok(())
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(origin: &str, text: &str) -> Result<T, ConfigError> {
+    let deserializer = toml::Deserializer::new(text);
+    serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let field = err.path().to_string();
+        ConfigError::Invalid {
+            file: origin.to_owned(),
+            field: if field == "." {
+                "(top level)".into()
+            } else {
+                field
+            },
+            problem: err.inner().message().trim().to_owned(),
+        }
+    })
 }
 
 struct Validator<'a> {
@@ -292,10 +327,48 @@ impl Validator<'_> {
             },
         };
 
-        let mut modules = Vec::with_capacity(raw.modules.len());
+        let modules = self.modules(raw.modules, &defaults, &[])?;
+        Ok(Config {
+            session_dir: cli
+                .session_dir
+                .clone()
+                .or(s.session_dir)
+                .unwrap_or_else(|| PathBuf::from(crate::cli::DEFAULT_SESSION_DIR)),
+            host: cli.host.or(s.host).unwrap_or(IpAddr::from([127, 0, 0, 1])),
+            port: cli.port.or(s.port).unwrap_or(8265),
+            server,
+            modules,
+            module_defaults: defaults,
+            ray: RaySettings {
+                modules: raw.ray.modules.unwrap_or_default(),
+                python: raw
+                    .ray
+                    .python
+                    .unwrap_or_else(|| RaySettings::default().python),
+            },
+        })
+    }
+
+    /// Validates `raw` modules, which come after `existing` ones.
+    fn modules(
+        &self,
+        raw: Vec<RawModule>,
+        defaults: &Supervision,
+        existing: &[ModuleSpec],
+    ) -> Result<Vec<ModuleSpec>, ConfigError> {
+        let mut modules = Vec::with_capacity(raw.len());
         let mut names = HashMap::new();
         // (method, normalized path) -> (module, path as written)
         let mut claimed: HashMap<(Method, String), (String, String)> = HashMap::new();
+        for (i, module) in existing.iter().enumerate() {
+            names.insert(module.name.clone(), i);
+            for route in &module.routes {
+                claimed.insert(
+                    (route.method.clone(), normalize_pattern(&route.path)),
+                    (module.name.clone(), route.path.clone()),
+                );
+            }
+        }
         for host_path in HOST_PATHS {
             for method in [Method::GET, Method::POST, Method::HEAD] {
                 claimed.insert(
@@ -304,7 +377,7 @@ impl Validator<'_> {
                 );
             }
         }
-        for (i, m) in raw.modules.into_iter().enumerate() {
+        for (i, m) in raw.into_iter().enumerate() {
             let at = format!("modules[{i}]");
             if m.name.is_empty()
                 || !m
@@ -365,7 +438,7 @@ impl Validator<'_> {
                 });
             }
             let supervision =
-                self.supervision(&format!("{at}.supervision"), &m.supervision, &defaults)?;
+                self.supervision(&format!("{at}.supervision"), &m.supervision, defaults)?;
             modules.push(ModuleSpec {
                 name: m.name,
                 program,
@@ -376,17 +449,7 @@ impl Validator<'_> {
             });
         }
 
-        Ok(Config {
-            session_dir: cli
-                .session_dir
-                .clone()
-                .or(s.session_dir)
-                .unwrap_or_else(|| PathBuf::from(crate::cli::DEFAULT_SESSION_DIR)),
-            host: cli.host.or(s.host).unwrap_or(IpAddr::from([127, 0, 0, 1])),
-            port: cli.port.or(s.port).unwrap_or(8265),
-            server,
-            modules,
-        })
+        Ok(modules)
     }
 
     fn secs(
@@ -680,6 +743,39 @@ supervision = { health_timeout_secs = 0.25 }
         assert_eq!(s.failure_threshold, 5);
         assert_eq!(s.health_timeout, Duration::from_millis(250));
         assert_eq!(s.health_interval, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn added_modules_are_checked_against_the_files() {
+        let mut c = load(
+            "[[modules]]\nname = \"mine\"\ncommand = [\"x\"]\nroutes = [{ method = \"GET\", path = \"/api/jobs/\", type = \"http\" }]\n",
+        )
+        .expect("valid");
+        let clash = "[[modules]]\nname = \"JobHead\"\ncommand = [\"py\"]\nroutes = [{ method = \"GET\", path = \"/api/jobs/\", type = \"http\" }]\n";
+        let msg = c
+            .add_modules_toml("<ray>", clash)
+            .expect_err("clash")
+            .to_string();
+        assert!(
+            msg.contains("<ray>") && msg.contains("\"mine\"") && msg.contains("\"JobHead\""),
+            "{msg}"
+        );
+        let same_name = "[[modules]]\nname = \"mine\"\ncommand = [\"py\"]\n";
+        assert!(c.add_modules_toml("<ray>", same_name).is_err());
+        let fine = "[[modules]]\nname = \"NodeHead\"\ncommand = [\"py\"]\nroutes = [{ method = \"GET\", path = \"/nodes\", type = \"http\" }]\n";
+        c.add_modules_toml("<ray>", fine).expect("added");
+        assert_eq!(c.modules.len(), 2);
+        assert_eq!(c.modules[1].supervision, c.module_defaults);
+    }
+
+    #[test]
+    fn ray_settings_default_to_auto_with_python3() {
+        let c = load("").expect("valid");
+        assert_eq!(c.ray, RaySettings::default());
+        let c = load("[ray]\nmodules = \"off\"\npython = \"/opt/py\"\n").expect("valid");
+        assert_eq!(c.ray.modules, RayModules::Off);
+        assert_eq!(c.ray.python, "/opt/py");
+        assert!(load("[ray]\nmodules = \"maybe\"\n").is_err());
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub enum StartupError {
         #[source]
         source: std::io::Error,
     },
+    /// Ray's modules were asked for but cannot be hosted.
+    #[error("ray: {0}")]
+    Ray(String),
     /// The async runtime or its signal handlers could not be set up.
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),

@@ -8,6 +8,7 @@
 //! - [`supervisor`]: one task per module; spawn, health-check, restart.
 //! - [`proxy`] and [`routes`]: forwarding module routes over Unix sockets.
 //! - [`server`]: the host's own routes, the UI, the accept loop.
+//! - [`ray`]: Ray's own dashboard modules, when the session is a Ray head.
 //! - [`shutdown`] and [`logging`]: signals and tracing.
 
 pub mod cli;
@@ -15,6 +16,7 @@ pub mod config;
 pub mod error;
 pub mod logging;
 pub mod proxy;
+pub mod ray;
 pub mod routes;
 pub mod server;
 pub mod session;
@@ -41,12 +43,13 @@ const MODULE_STOP_SLACK: Duration = Duration::from_secs(2);
 
 /// Prepares the session, starts logging and the runtime, binds, and serves
 /// until SIGTERM or SIGINT.
-pub fn launch(config: Config) -> Result<(), StartupError> {
+pub fn launch(mut config: Config) -> Result<(), StartupError> {
     let session = Session::prepare(&config.session_dir)?;
+    let _log_guard = logging::init(&session)?;
+    let ray_head = ray::add_modules(&mut config, &session)?;
     for module in &config.modules {
         Session::check_socket_path(&session.socket_path(&module.name))?;
     }
-    let _log_guard = logging::init(&session)?;
     let mut builder = match config.server.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
@@ -65,6 +68,9 @@ pub fn launch(config: Config) -> Result<(), StartupError> {
             .await
             .map_err(|source| StartupError::Bind { addr, source })?;
         let shutdown = shutdown::signal().map_err(StartupError::Runtime)?;
+        if let (Some(head), Ok(addr)) = (ray_head, listener.local_addr()) {
+            tokio::spawn(ray::advertise(head, addr));
+        }
         run(config, session, listener, shutdown).await;
         Ok(())
     })

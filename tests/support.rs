@@ -156,6 +156,9 @@ fn quote(s: &str) -> String {
 pub struct DashdBuilder {
     modules: Vec<ModuleDef>,
     server: Vec<(String, String)>,
+    extra: String,
+    session: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 /// Starts describing a ray-dashd fixture.
@@ -176,6 +179,25 @@ impl DashdBuilder {
         self
     }
 
+    /// Appends raw TOML (whole tables) to the config.
+    pub fn toml(mut self, text: &str) -> Self {
+        self.extra.push_str(text);
+        self.extra.push('\n');
+        self
+    }
+
+    /// Uses `dir` as the session folder instead of a fresh one.
+    pub fn session_dir(mut self, dir: &Path) -> Self {
+        self.session = Some(dir.to_path_buf());
+        self
+    }
+
+    /// Sets an environment variable of ray-dashd (and so of its modules).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
     /// The config file's text.
     pub fn config_text(&self) -> String {
         let mut t = String::from("[server]\n");
@@ -185,6 +207,7 @@ impl DashdBuilder {
         for m in &self.modules {
             t += &m.to_toml();
         }
+        t += &self.extra;
         t
     }
 
@@ -196,7 +219,7 @@ impl DashdBuilder {
             .expect("tempdir");
         let config = tmp.path().join("dashd.toml");
         std::fs::write(&config, self.config_text()).expect("write config");
-        let session = tmp.path().join("s");
+        let session = self.session.clone().unwrap_or_else(|| tmp.path().join("s"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_ray-dashd"))
             .arg("--session-dir")
             .arg(&session)
@@ -205,6 +228,7 @@ impl DashdBuilder {
             .arg("--config")
             .arg(&config)
             .env("RAY_DASHD_LOG", "info,ray_dashd=debug")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -11,6 +11,7 @@ mod proxy_http;
 mod proxy_stream;
 mod proxy_ws;
 mod python_module;
+mod ray_head;
 mod shutdown;
 mod supervisor;
 mod ui;

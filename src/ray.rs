@@ -95,7 +95,7 @@ pub fn add_modules(
     }
     let Some(gcs_address) = gcs_address(&session.dir) else {
         if settings.modules == RayModules::On {
-            return Err(ray_error(format!(
+            return Err(StartupError::Ray(format!(
                 "{} is not the session of a running Ray head: no ray_current_cluster beside it",
                 session.dir.display()
             )));
@@ -104,7 +104,7 @@ pub fn add_modules(
         return Ok(None);
     };
     let launcher_dir = write_launcher(session)
-        .map_err(|e| ray_error(format!("cannot write the launcher: {e}")))?;
+        .map_err(|e| StartupError::Ray(format!("cannot write the launcher: {e}")))?;
     let routes = launcher_dir.join("routes.py");
     let mut command = Command::new(&settings.python);
     command
@@ -119,7 +119,7 @@ pub fn add_modules(
             warn!(python = %settings.python, error = %e, "Ray head found, but its modules cannot be hosted");
             return Ok(None);
         }
-        Err(e) => return Err(ray_error(e)),
+        Err(e) => return Err(StartupError::Ray(e)),
     };
     let origin = format!(
         "<Ray's modules, from {} {}>",
@@ -239,10 +239,6 @@ fn run(mut command: Command, timeout: Duration) -> Result<String, String> {
         let tail = lines[lines.len().saturating_sub(5)..].join("\n");
         Err(format!("{describe} failed ({status}): {tail}"))
     }
-}
-
-fn ray_error(message: String) -> StartupError {
-    StartupError::Ray(message)
 }
 
 #[cfg(test)]

@@ -267,9 +267,10 @@ async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
 }
 
 /// On a head started with `--include-dashboard=false`, ray-dashd hosts Ray's
-/// nine modules; `ray job submit` (whose log tail is the websocket route),
-/// `ray job list`, `ray list nodes` and `ray logs` (found through the GCS
-/// key ray-dashd writes) work through it; a killed JobHead comes back and
+/// nine modules; `ray job submit` (whose log tail is the websocket route, and
+/// with `--working-dir` the package upload), `ray job list`, `ray summary
+/// tasks`, `ray list nodes` and `ray logs` (found through the GCS key
+/// ray-dashd writes) work through it; a killed JobHead comes back and
 /// the jobs submitted before are still listed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ray_cli_works_through_ray_dashd() {
@@ -308,6 +309,40 @@ async fn ray_cli_works_through_ray_dashd() {
         .find(|w| w.starts_with("'raysubmit_") || w.starts_with("raysubmit_"))
         .map(|w| w.trim_matches(|c: char| c == '\'' || c == '.').to_owned())
         .expect("submission id in the output");
+
+    // A working_dir is uploaded through the package routes before the job runs.
+    let work = tempfile::tempdir().expect("working dir");
+    std::fs::write(
+        work.path().join("greeting.txt"),
+        "hello from the working dir",
+    )
+    .expect("write");
+    let uploaded = head.cli(&[
+        "job",
+        "submit",
+        "--address",
+        &address,
+        "--working-dir",
+        &work.path().display().to_string(),
+        "--",
+        "python",
+        "-c",
+        "print(open('greeting.txt').read())",
+    ]);
+    assert!(uploaded.status.success(), "{}", text(&uploaded));
+    assert!(
+        text(&uploaded).contains("hello from the working dir"),
+        "{}",
+        text(&uploaded)
+    );
+
+    let summary = head.cli(&["summary", "tasks", "--address", &address]);
+    assert!(summary.status.success(), "{}", text(&summary));
+    assert!(
+        text(&summary).contains("Tasks Summary"),
+        "{}",
+        text(&summary)
+    );
 
     let nodes = head.cli(&["list", "nodes", "--address", &address]);
     assert!(nodes.status.success(), "{}", text(&nodes));

@@ -68,20 +68,23 @@ pub fn launch(mut config: Config) -> Result<(), StartupError> {
             .await
             .map_err(|source| StartupError::Bind { addr, source })?;
         let shutdown = shutdown::signal().map_err(StartupError::Runtime)?;
+        let parent = ray_head.as_ref().and_then(|head| head.parent.clone());
         if let (Some(head), Ok(addr)) = (ray_head, listener.local_addr()) {
             tokio::spawn(ray::advertise(head, addr));
         }
-        run(config, session, listener, shutdown).await;
+        run(config, session, listener, parent, shutdown).await;
         Ok(())
     })
 }
 
-/// Starts the modules and serves on `listener` until `shutdown` resolves;
+/// Starts the modules and serves on `listener` (with Ray's parent-side
+/// pages when `ray` is given) until `shutdown` resolves;
 /// then drains the HTTP server, stops the modules and removes their sockets.
 pub async fn run(
     config: Config,
     session: Session,
     listener: TcpListener,
+    ray: Option<ray::RayParent>,
     shutdown: impl Future<Output = ()>,
 ) {
     let local = listener
@@ -95,6 +98,7 @@ pub async fn run(
     let service = server::Dispatch::new(AppState {
         supervisor: Arc::clone(&supervisor),
         proxy,
+        ray: ray.map(Arc::new),
     });
     info!(
         addr = %local,

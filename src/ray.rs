@@ -29,6 +29,10 @@ const FILES: &[(&str, &str)] = &[
         "dashboard_kv.py",
         include_str!("../modules/ray/dashboard_kv.py"),
     ),
+    (
+        "head_facts.py",
+        include_str!("../modules/ray/head_facts.py"),
+    ),
 ];
 
 /// How long reading Ray's route table may take (it imports Ray and the
@@ -81,6 +85,20 @@ pub struct RayHead {
     pub launcher_dir: PathBuf,
     /// The Python that has `ray`.
     pub python: String,
+    /// What the host serves in place of Ray's dashboard parent, when the
+    /// installed Ray could tell (see `head_facts.py`).
+    pub parent: Option<RayParent>,
+}
+
+/// What Ray's dashboard parent serves itself, for the host to serve.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RayParent {
+    /// Ray's built web UI (`index.html`, `favicon.ico`, `static/`).
+    pub ui_dir: PathBuf,
+    /// The answer to `GET /timezone`.
+    pub timezone: serde_json::Value,
+    /// `disabled` or `token`, for `GET /api/authentication_mode`.
+    pub authentication_mode: String,
 }
 
 /// Adds Ray's modules to `config` when its `[ray]` settings ask for them.
@@ -133,10 +151,29 @@ pub fn add_modules(
         modules = config.modules.len() - before,
         "hosting Ray's dashboard modules"
     );
+    let mut facts = Command::new(&settings.python);
+    facts.arg(launcher_dir.join("head_facts.py"));
+    let parent = match run(facts, ROUTES_TIMEOUT).map(|out| serde_json::from_str::<RayParent>(&out))
+    {
+        Ok(Ok(parent)) if parent.ui_dir.join("index.html").is_file() => Some(parent),
+        Ok(Ok(parent)) => {
+            warn!(ui = %parent.ui_dir.display(), "Ray's web UI is not in the installed Ray; not served");
+            None
+        }
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot read what Ray's dashboard parent serves; Ray's UI is not served");
+            None
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot read what Ray's dashboard parent serves; Ray's UI is not served");
+            None
+        }
+    };
     Ok(Some(RayHead {
         gcs_address,
         launcher_dir,
         python: settings.python,
+        parent,
     }))
 }
 

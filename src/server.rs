@@ -20,11 +20,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
+use tower_http::services::{ServeDir, ServeFile};
+use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 use tracing::{debug, info, warn};
 
 use crate::config::ServerSettings;
 use crate::proxy::Proxy;
+use crate::ray::RayParent;
 use crate::routes::Lookup;
 use crate::supervisor::Supervisor;
 
@@ -42,6 +45,9 @@ pub struct AppState {
     pub supervisor: Arc<Supervisor>,
     /// The module routes.
     pub proxy: Arc<Proxy>,
+    /// When Ray's modules are hosted: what Ray's dashboard parent would
+    /// serve itself (its web UI at `/`, `/timezone`, …).
+    pub ray: Option<Arc<RayParent>>,
 }
 
 /// The UI, built into the binary from `static/`.
@@ -51,15 +57,52 @@ struct Assets;
 
 /// The host's routes, with the proxy (then the UI) behind them.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .route("/api/healthz", get(healthz))
         .route("/api/modules", get(list_modules))
         .route("/api/modules/{name}", get(show_module))
-        .route("/api/modules/{name}/restart", post(restart_module))
+        .route("/api/modules/{name}/restart", post(restart_module));
+    if let Some(ray) = &state.ray {
+        // Ray's own UI takes `/`; ours stays at `/dashd/`.
+        let ui = &ray.ui_dir;
+        let index = ServeFile::new(ui.join("index.html"));
+        router = router
+            .route_service(
+                "/",
+                tower::ServiceBuilder::new()
+                    .layer(no_store())
+                    .service(index),
+            )
+            .route_service("/favicon.ico", ServeFile::new(ui.join("favicon.ico")))
+            .nest_service("/static", ServeDir::new(ui.join("static")))
+            .route("/timezone", get(ray_timezone))
+            .route("/api/authentication_mode", get(ray_authentication_mode));
+    }
+    router
         .fallback(fallback)
         .with_state(state)
         // Outermost, so every request, proxied or not, gets a span.
         .layer(TraceLayer::new_for_http())
+}
+
+/// `Cache-Control: no-store`, as Ray sends its `index.html`.
+fn no_store() -> SetResponseHeaderLayer<HeaderValue> {
+    SetResponseHeaderLayer::overriding(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))
+}
+
+async fn ray_timezone(State(state): State<AppState>) -> Response {
+    match &state.ray {
+        Some(ray) => Json(ray.timezone.clone()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn ray_authentication_mode(State(state): State<AppState>) -> Response {
+    match &state.ray {
+        Some(ray) => Json(serde_json::json!({ "authentication_mode": ray.authentication_mode }))
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 async fn healthz() -> impl IntoResponse {

@@ -353,6 +353,60 @@ async fn ray_cli_works_through_ray_dashd() {
     assert!(logs.status.success(), "{}\nlog:\n{}", text(&logs), d.log());
     assert!(text(&logs).contains("raylet.out"), "{}", text(&logs));
 
+    // What Ray's dashboard parent serves itself: its web UI at `/` (ours
+    // moves to `/dashd/`), the UI's files, the time zone, the auth mode.
+    let client = crate::support::client();
+    let index = client.get(d.url("/")).send().await.expect("index");
+    assert_eq!(index.status(), 200);
+    let index = index.text().await.expect("index body");
+    assert!(
+        index.contains("<title>Ray Dashboard</title>"),
+        "{index}\nlog:\n{}",
+        d.log()
+    );
+    let script = index
+        .split("src=\"./")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a script in Ray's index.html");
+    let asset = client
+        .get(d.url(&format!("/{script}")))
+        .send()
+        .await
+        .expect("asset");
+    assert_eq!(asset.status(), 200, "{script}");
+    assert!(asset.headers()["content-type"]
+        .to_str()
+        .expect("ascii")
+        .contains("javascript"));
+    let ours = client.get(d.url("/dashd/")).send().await.expect("our UI");
+    assert!(ours
+        .text()
+        .await
+        .expect("body")
+        .contains("<title>ray-dashd</title>"));
+    let timezone: Value = client
+        .get(d.url("/timezone"))
+        .send()
+        .await
+        .expect("tz")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        timezone["offset"].is_string() && timezone["value"].is_string(),
+        "{timezone}"
+    );
+    let auth: Value = client
+        .get(d.url("/api/authentication_mode"))
+        .send()
+        .await
+        .expect("auth")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(auth["authentication_mode"], "disabled");
+
     let job_head = d.module("JobHead").await;
     kill(job_head["pid"].as_u64().expect("pid"), Signal::SIGKILL);
     d.healthy("JobHead", 1).await;

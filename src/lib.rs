@@ -38,6 +38,9 @@ use crate::server::AppState;
 use crate::session::Session;
 use crate::supervisor::Supervisor;
 
+/// How long blocking helpers may hold up the exit once everything stopped.
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
+
 /// Extra time the modules get to stop, beyond their own stop grace.
 const MODULE_STOP_SLACK: Duration = Duration::from_secs(2);
 
@@ -62,7 +65,7 @@ pub fn launch(mut config: Config) -> Result<(), StartupError> {
         .enable_all()
         .build()
         .map_err(StartupError::Runtime)?;
-    runtime.block_on(async {
+    let served = runtime.block_on(async {
         let addr = SocketAddr::new(config.host, config.port);
         let listener = TcpListener::bind(addr)
             .await
@@ -74,7 +77,11 @@ pub fn launch(mut config: Config) -> Result<(), StartupError> {
         }
         run(config, session, listener, parent, shutdown).await;
         Ok(())
-    })
+    });
+    // A blocking helper still running (a GCS key write, say) must not hold
+    // up the exit; the modules are already stopped.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+    served
 }
 
 /// Starts the modules and serves on `listener` (with Ray's parent-side

@@ -229,6 +229,9 @@ fn hex(bytes: &[u8]) -> String {
 pub struct Dispatch {
     proxy: Arc<Proxy>,
     router: Router,
+    /// Refuse writes from browsers, as Ray's dashboard does (on when Ray's
+    /// modules are hosted).
+    browser_guard: bool,
 }
 
 impl Dispatch {
@@ -237,6 +240,7 @@ impl Dispatch {
     pub fn new(state: AppState) -> Dispatch {
         Dispatch {
             proxy: Arc::clone(&state.proxy),
+            browser_guard: state.ray.is_some(),
             router: router(state),
         }
     }
@@ -249,6 +253,11 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let request = request.map(Body::new);
+        if self.browser_guard {
+            if let Some(refused) = refuse_browser_write(&request) {
+                return Box::pin(async move { Ok(refused) });
+            }
+        }
         let lookup = self.proxy.lookup(&request);
         if lookup == Lookup::NotFound {
             let router = self.router.clone();
@@ -257,6 +266,47 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
         let proxy = Arc::clone(&self.proxy);
         Box::pin(async move { Ok(forward(&proxy, lookup, request).await) })
     }
+}
+
+/// Headers only browsers send (RFC 6454 `Origin`, the Fetch standard's
+/// `Sec-Fetch-*` and CORS preflight headers) or that browsers send on every
+/// request (`Referer`).
+const BROWSER_HEADERS: [&str; 8] = [
+    "referer",
+    "origin",
+    "sec-fetch-mode",
+    "sec-fetch-dest",
+    "sec-fetch-site",
+    "sec-fetch-user",
+    "access-control-request-method",
+    "access-control-request-headers",
+];
+
+/// Paths a browser may write to: the login form Ray's UI posts, and this
+/// host's own restart action, which its UI posts.
+fn browser_may_write(path: &str) -> bool {
+    path == "/api/authenticate" || (path.starts_with("/api/modules/") && path.ends_with("/restart"))
+}
+
+/// Ray's dashboard answers a request that looks like a browser's with 405
+/// unless it is GET, HEAD or OPTIONS: a page from elsewhere (or a rebound
+/// DNS name) must not be able to submit jobs. The same here, when Ray's
+/// modules are hosted.
+fn refuse_browser_write(request: &Request<Body>) -> Option<Response> {
+    let method = request.method();
+    if method == Method::GET || method == Method::HEAD || method == Method::OPTIONS {
+        return None;
+    }
+    let headers = request.headers();
+    let browser = headers
+        .get(header::USER_AGENT)
+        .is_some_and(|ua| ua.as_bytes().starts_with(b"Mozilla"))
+        || BROWSER_HEADERS.iter().any(|h| headers.contains_key(*h));
+    if !browser || browser_may_write(request.uri().path()) {
+        return None;
+    }
+    let text = format!("'{method}' method not allowed for browser traffic.");
+    Some((StatusCode::METHOD_NOT_ALLOWED, text).into_response())
 }
 
 /// Forwards a request a module route claims; failures become responses.
@@ -337,5 +387,38 @@ pub async fn serve(
         _ = tokio::time::sleep(settings.shutdown_grace) => {
             warn!(grace_ms = settings.shutdown_grace.as_millis() as u64, "drain timed out");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: Method, path: &str, headers: &[(&str, &str)]) -> Request<Body> {
+        let mut builder = Request::builder().method(method).uri(path);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(Body::empty()).expect("request")
+    }
+
+    #[test]
+    fn browser_writes_are_refused_other_traffic_passes() {
+        let mozilla = [("user-agent", "Mozilla/5.0")];
+        let refused =
+            refuse_browser_write(&request(Method::POST, "/api/jobs/", &mozilla)).expect("refused");
+        assert_eq!(refused.status(), StatusCode::METHOD_NOT_ALLOWED);
+        for header in BROWSER_HEADERS {
+            let r = request(Method::DELETE, "/api/jobs/x", &[(header, "x")]);
+            assert!(refuse_browser_write(&r).is_some(), "{header}");
+        }
+        let cli = [("user-agent", "python-requests/2.32")];
+        assert!(refuse_browser_write(&request(Method::POST, "/api/jobs/", &cli)).is_none());
+        assert!(refuse_browser_write(&request(Method::GET, "/api/jobs/", &mozilla)).is_none());
+        assert!(refuse_browser_write(&request(Method::OPTIONS, "/api/jobs/", &mozilla)).is_none());
+        let login = request(Method::POST, "/api/authenticate", &mozilla);
+        assert!(refuse_browser_write(&login).is_none());
+        let restart = request(Method::POST, "/api/modules/JobHead/restart", &mozilla);
+        assert!(refuse_browser_write(&restart).is_none());
     }
 }

@@ -406,6 +406,22 @@ async fn ray_cli_works_through_ray_dashd() {
         .await
         .expect("json");
     assert_eq!(auth["authentication_mode"], "disabled");
+    // Writes that look like a browser's are refused, as Ray refuses them.
+    let browser_post = client
+        .post(d.url("/api/jobs/"))
+        .header("user-agent", "Mozilla/5.0 (X11; Linux x86_64)")
+        .body("{}")
+        .send()
+        .await
+        .expect("browser post");
+    assert_eq!(browser_post.status(), 405);
+    let browser_get = client
+        .get(d.url("/api/jobs/"))
+        .header("origin", "http://elsewhere.example")
+        .send()
+        .await
+        .expect("browser get");
+    assert_eq!(browser_get.status(), 200);
 
     let job_head = d.module("JobHead").await;
     kill(job_head["pid"].as_u64().expect("pid"), Signal::SIGKILL);

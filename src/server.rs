@@ -128,7 +128,14 @@ async fn show_module(State(state): State<AppState>, Path(name): Path<String>) ->
     }
 }
 
-async fn restart_module(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+async fn restart_module(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(refused) = refuse_cross_origin(&headers) {
+        return refused;
+    }
     let Some(module) = state.supervisor.get(&name) else {
         return unknown_module(&name);
     };
@@ -147,6 +154,28 @@ async fn restart_module(State(state): State<AppState>, Path(name): Path<String>)
         });
         (StatusCode::CONFLICT, Json(body)).into_response()
     }
+}
+
+/// A page from another origin must not restart modules: a browser names
+/// the page's origin in `Origin` on every POST (RFC 6454 §7), and it must
+/// then be this host. Tools that send no `Origin` (curl, scripts) pass.
+fn refuse_cross_origin(headers: &HeaderMap) -> Option<Response> {
+    let origin = headers.get(header::ORIGIN)?.to_str().unwrap_or("");
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let origin_host = origin
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.trim_end_matches('/'));
+    if !host.is_empty() && origin_host.eq_ignore_ascii_case(host) {
+        return None;
+    }
+    let body = serde_json::json!({
+        "error": "Forbidden",
+        "message": format!("requests from origin {origin:?} may not change modules"),
+    });
+    Some((StatusCode::FORBIDDEN, Json(body)).into_response())
 }
 
 fn unknown_module(name: &str) -> Response {
@@ -400,6 +429,30 @@ mod tests {
             builder = builder.header(*name, *value);
         }
         builder.body(Body::empty()).expect("request")
+    }
+
+    #[test]
+    fn restart_from_another_origin_is_refused() {
+        let mut same = HeaderMap::new();
+        same.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8265"));
+        same.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8265"),
+        );
+        assert!(refuse_cross_origin(&same).is_none());
+        let mut cli = HeaderMap::new();
+        cli.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8265"));
+        assert!(refuse_cross_origin(&cli).is_none());
+        let mut other = cli.clone();
+        other.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
+        let refused = refuse_cross_origin(&other).expect("refused");
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+        let mut opaque = cli.clone();
+        opaque.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(refuse_cross_origin(&opaque).is_some());
     }
 
     #[test]

@@ -353,6 +353,15 @@ async fn restart_api_starts_new_incarnation() {
     assert_eq!(response.status(), 202);
     let second = d.healthy("tm", 1).await;
     assert_ne!(pid_of(&first), pid_of(&second));
+    // A page from another origin cannot restart anything.
+    let foreign = client()
+        .post(d.url("/api/modules/tm/restart"))
+        .header("origin", "http://elsewhere.example")
+        .send()
+        .await
+        .expect("restart");
+    assert_eq!(foreign.status(), 403);
+    assert_eq!(d.module("tm").await["incarnation"], 1);
     let missing = client()
         .post(d.url("/api/modules/nope/restart"))
         .send()

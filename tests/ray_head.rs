@@ -268,7 +268,8 @@ async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
 
 /// On a head started with `--include-dashboard=false`, ray-dashd hosts Ray's
 /// nine modules; `ray job submit` (whose log tail is the websocket route, and
-/// with `--working-dir` the package upload), `ray job list`, `ray summary
+/// with `--working-dir` the package upload), `ray job logs --follow` of a
+/// running job, `ray job list`, `ray summary
 /// tasks`, `ray list nodes` and `ray logs` (found through the GCS key
 /// ray-dashd writes) work through it; a killed JobHead comes back and
 /// the jobs submitted before are still listed.
@@ -335,6 +336,38 @@ async fn ray_cli_works_through_ray_dashd() {
         "{}",
         text(&uploaded)
     );
+
+    // `ray job logs --follow` tails a running job over the websocket route
+    // and ends when the job does.
+    let started = head.cli(&[
+        "job",
+        "submit",
+        "--no-wait",
+        "--address",
+        &address,
+        "--",
+        "python",
+        "-c",
+        "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(1)",
+    ]);
+    assert!(started.status.success(), "{}", text(&started));
+    let running = text(&started)
+        .split_whitespace()
+        .find(|w| {
+            w.trim_matches(|c: char| c == '\'' || c == '.')
+                .starts_with("raysubmit_")
+        })
+        .map(|w| w.trim_matches(|c: char| c == '\'' || c == '.').to_owned())
+        .expect("submission id");
+    let followed = head.cli(&["job", "logs", "--address", &address, "--follow", &running]);
+    assert!(followed.status.success(), "{}", text(&followed));
+    for i in 0..4 {
+        assert!(
+            text(&followed).contains(&format!("tick {i}")),
+            "{}",
+            text(&followed)
+        );
+    }
 
     let summary = head.cli(&["summary", "tasks", "--address", &address]);
     assert!(summary.status.success(), "{}", text(&summary));

@@ -9,6 +9,7 @@ use axum::response::Response;
 use http::{header, HeaderValue, Request, StatusCode};
 use tracing::debug;
 
+use super::headers::tokens;
 use super::{downstream_response, send, strip_hop_by_hop, upstream_request};
 use crate::config::ServerSettings;
 use crate::error::ProxyError;
@@ -17,13 +18,7 @@ use crate::supervisor::{Gate, ModuleHandle};
 /// Whether `request` asks for a websocket (RFC 6455 §4.1).
 pub(super) fn is_upgrade(request: &Request<Body>) -> bool {
     let has_token = |name: header::HeaderName, token: &str| {
-        request
-            .headers()
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(token))
+        tokens(request.headers(), name).any(|t| t.eq_ignore_ascii_case(token))
     };
     request.method() == http::Method::GET
         && has_token(header::CONNECTION, "upgrade")

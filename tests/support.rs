@@ -16,7 +16,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 pub const WAIT: Duration = Duration::from_secs(20);
 
 /// The directory holding the workspace's built binaries.
-fn bin_dir() -> PathBuf {
+pub fn bin_dir() -> PathBuf {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_ray-dashd"));
     exe.parent().expect("binary has a folder").to_path_buf()
 }

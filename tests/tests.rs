@@ -7,6 +7,7 @@
 mod support;
 
 mod cli;
+mod client_proxy;
 mod proxy_http;
 mod proxy_stream;
 mod proxy_ws;

@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        .generate_default_stubs(true)
         .compile_fds(set)?;
     Ok(())
 }

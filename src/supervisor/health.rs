@@ -26,15 +26,56 @@ pub(crate) async fn check_health(pool: &ModulePool, timeout: Duration) -> Result
             .map_err(|e| format!("healthz request failed: {}", error_chain(&e)))?;
         let status = response.status();
         let body = http_body_util::Limited::new(response.into_body(), MAX_HEALTHZ_BODY);
-        let _ = body.collect().await;
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
         if status == http::StatusCode::OK {
             Ok(started.elapsed())
         } else {
-            Err(format!("healthz answered {status}"))
+            Err(unhealthy(status, &body))
         }
     };
     match tokio::time::timeout(timeout, probe).await {
         Ok(result) => result,
         Err(_) => Err(format!("healthz did not answer within {timeout:?}")),
+    }
+}
+
+/// The failure of a non-200 answer, with the start of the module's own
+/// words when it gave a text body (so its state says why).
+fn unhealthy(status: http::StatusCode, body: &[u8]) -> String {
+    const SHOWN: usize = 300;
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() || text.starts_with('<') {
+        return format!("healthz answered {status}");
+    }
+    let cut: String = text.chars().take(SHOWN).collect();
+    let more = if cut.len() < text.len() { "…" } else { "" };
+    format!("healthz answered {status}: {cut}{more}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unhealthy;
+
+    #[test]
+    fn unhealthy_names_the_modules_reason() {
+        let status = http::StatusCode::SERVICE_UNAVAILABLE;
+        assert_eq!(
+            unhealthy(status, b""),
+            "healthz answered 503 Service Unavailable"
+        );
+        assert_eq!(
+            unhealthy(status, b" port taken \n"),
+            "healthz answered 503 Service Unavailable: port taken"
+        );
+        assert_eq!(
+            unhealthy(status, b"<html>"),
+            "healthz answered 503 Service Unavailable"
+        );
+        assert!(unhealthy(status, &[b'x'; 1000]).ends_with("x…"));
     }
 }

@@ -1,0 +1,106 @@
+//! Command line of the client proxy module.
+
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// The Ray Client proxy, as a ray-dashd module: serves `ray://` clients on
+/// the client port, each with a Ray client server of its own.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "ray-dashd-client-proxy", version)]
+pub struct Args {
+    /// Address to listen on for Ray clients.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on for Ray clients; 0 picks a free one.
+    #[arg(long = "ray-client-port", default_value_t = 10001)]
+    pub port: u16,
+    /// The GCS (`host:port`); default: read from `<temp dir>/ray_current_cluster`
+    /// of the session in RAY_DASHD_SESSION_DIR.
+    #[arg(long)]
+    pub gcs_address: Option<String>,
+    /// The runtime env agent (`http://host:port`); default: the head's, from the GCS.
+    #[arg(long)]
+    pub runtime_env_agent_address: Option<String>,
+    /// The Python that has Ray installed.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// The command that starts a Ray client server, one argument per use of
+    /// the flag; Ray's flags (`--address --host --port --mode ...`) are
+    /// appended. Default: `<python> <ray>/_private/workers/setup_worker.py -m
+    /// ray.util.client.server`, as Ray starts it.
+    #[arg(long = "server-command", allow_hyphen_values = true)]
+    pub server_command: Vec<String>,
+    /// Ports the servers listen on.
+    #[arg(long, default_value = "23000-23999", value_parser = parse_range)]
+    pub port_range: RangeInclusive<u16>,
+    /// Keep one server started ahead of need, so that a client without a
+    /// runtime env connects at once.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub warm_spare: bool,
+    /// Longest time a new server may take to accept connections.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub server_ready_timeout: Duration,
+    /// Longest wait for a client's server, its runtime env included.
+    #[arg(long, default_value = "600s", value_parser = humantime::parse_duration)]
+    pub server_wait: Duration,
+    /// Where the servers' `ray_client_server_<port>.out/.err` go; default
+    /// `<session>/logs`.
+    #[arg(long)]
+    pub log_dir: Option<PathBuf>,
+}
+
+fn parse_range(text: &str) -> Result<RangeInclusive<u16>, String> {
+    let (first, last) = text
+        .split_once('-')
+        .ok_or("expected FIRST-LAST, as 23000-23999")?;
+    let first: u16 = first
+        .trim()
+        .parse()
+        .map_err(|e| format!("bad first port: {e}"))?;
+    let last: u16 = last
+        .trim()
+        .parse()
+        .map_err(|e| format!("bad last port: {e}"))?;
+    if first == 0 || first > last {
+        return Err(format!("{first}-{last} is not a range of ports"));
+    }
+    Ok(first..=last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_rays() {
+        let args = Args::parse_from(["ray-dashd-client-proxy"]);
+        assert_eq!(args.port, 10001);
+        assert_eq!(args.port_range, 23000..=23999);
+        assert!(args.warm_spare);
+        assert_eq!(args.server_ready_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn server_command_takes_hyphenated_words_and_ranges_are_checked() {
+        let args = Args::parse_from([
+            "x",
+            "--server-command",
+            "python3",
+            "--server-command",
+            "-m",
+            "--port-range",
+            "40000-40009",
+            "--warm-spare",
+            "false",
+        ]);
+        assert_eq!(args.server_command, ["python3", "-m"]);
+        assert_eq!(args.port_range, 40000..=40009);
+        assert!(!args.warm_spare);
+        assert!(parse_range("9-3").is_err());
+        assert!(parse_range("0-3").is_err());
+        assert!(parse_range("3").is_err());
+    }
+}

@@ -1,0 +1,254 @@
+//! The Ray Client proxy as a ray-dashd module.
+//!
+//! `ray.init("ray://head:10001")` clients connect to the gRPC port this
+//! module listens on. Each new client gets a Ray client server process of
+//! its own ("specific server", started as Ray starts it), and every call and
+//! stream of the client is forwarded to that server as bytes. The module's
+//! Unix socket serves the host's health check and
+//! `GET /api/client_proxy/clients`.
+//!
+//! Layout: [`grpc`] serves Ray's three client services; [`proxy`] holds the
+//! clients and decides when a server goes; [`servers`] starts, reaps and
+//! stops servers and owns the port pool; [`runtime_env`] prepares a
+//! client's runtime env; [`gcs`] makes the GCS calls the proxy makes itself;
+//! [`wire`] reads the few messages the proxy must look into.
+
+pub mod args;
+pub mod codec;
+pub mod gcs;
+pub mod grpc;
+pub mod http;
+pub mod proxy;
+pub mod runtime_env;
+pub mod servers;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures_util::StreamExt;
+use ray_dashd_sdk::ModuleEnv;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::args::Args;
+use crate::gcs::Gcs;
+use crate::http::{HttpState, Listening};
+use crate::proxy::{Proxy, Settings};
+use crate::runtime_env::RuntimeEnvs;
+use crate::servers::{Launcher, PidFile, PortPool, ServerCommand};
+
+/// Pause between attempts to bind a client port that is taken.
+const BIND_RETRY: Duration = Duration::from_secs(2);
+
+/// Runs the module until SIGTERM or SIGINT.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let env = ModuleEnv::from_env()?;
+    let shutdown = ray_dashd_sdk::shutdown_signal()?;
+
+    let log_dir = args
+        .log_dir
+        .clone()
+        .or_else(|| env.session_dir.as_ref().map(|s| s.join("logs")))
+        .or_else(|| env.log_dir.clone())
+        .context(
+            "no --log-dir and no session folder (RAY_DASHD_SESSION_DIR) for the servers' logs",
+        )?;
+    servers::check_log_dir(&log_dir)
+        .with_context(|| format!("cannot create {}", log_dir.display()))?;
+
+    let gcs_address = match &args.gcs_address {
+        Some(address) => Some(address.clone()),
+        None => env.session_dir.as_deref().and_then(discover_gcs),
+    };
+    match &gcs_address {
+        Some(address) => info!(gcs = %address, "using the GCS"),
+        None => warn!("no GCS known (--gcs-address, or a Ray session): KV calls before a client's server exists will fail"),
+    }
+    let gcs = gcs_address
+        .as_deref()
+        .map(Gcs::new)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+
+    let argv = if args.server_command.is_empty() {
+        default_server_command(&args.python).await?
+    } else {
+        args.server_command.clone()
+    };
+    info!(command = ?argv, ports = ?args.port_range, "Ray client servers");
+
+    let pid_file =
+        Arc::new(PidFile::new(env.session_dir.as_ref().map(|s| {
+            s.join("sockets").join(format!("{}.servers", env.name))
+        })));
+    let leftovers = pid_file.stop_leftovers();
+    if leftovers > 0 {
+        warn!(
+            count = leftovers,
+            "stopped Ray client servers left by an earlier run"
+        );
+    }
+    let launcher = Launcher::new(
+        ServerCommand {
+            argv,
+            gcs_address: gcs_address.clone().unwrap_or_default(),
+            log_dir,
+            ready_timeout: args.server_ready_timeout,
+            stop_grace: Duration::from_secs(2),
+        },
+        Arc::new(PortPool::new(args.port_range.clone())),
+        pid_file,
+    );
+    let settings = Settings {
+        python: args.python.clone(),
+        warm_spare: args.warm_spare,
+        server_wait: args.server_wait,
+        logstream_tries: 5,
+        logstream_pause: Duration::from_secs(2),
+        first_message_timeout: Duration::from_secs(30),
+    };
+    let envs = RuntimeEnvs::new(
+        args.python.clone(),
+        gcs.clone(),
+        args.runtime_env_agent_address.clone(),
+    );
+    let proxy = Proxy::new(settings, launcher, gcs, envs);
+    proxy.refill_spare();
+
+    let listening = Arc::new(Mutex::new(Listening::Starting));
+    let stop = CancellationToken::new();
+    let grpc_task = tokio::spawn(serve_grpc(
+        proxy.clone(),
+        format!("{}:{}", args.host, args.port),
+        listening.clone(),
+        stop.clone(),
+    ));
+
+    let router = http::router(HttpState {
+        proxy: proxy.clone(),
+        listening,
+    });
+    let served = ray_dashd_sdk::serve_router_until(&env, router, shutdown).await;
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), grpc_task).await;
+    proxy.stop_all().await;
+    served?;
+    Ok(())
+}
+
+/// Binds the client port (trying again while another process holds it) and
+/// serves Ray's client services there until `stop`.
+async fn serve_grpc(
+    proxy: Arc<Proxy>,
+    address: String,
+    listening: Arc<Mutex<Listening>>,
+    stop: CancellationToken,
+) {
+    let set =
+        |state: Listening| *listening.lock().expect("UNWRAP: listening lock poisoned") = state;
+    let listener = loop {
+        match tokio::net::TcpListener::bind(&address).await {
+            Ok(listener) => break listener,
+            Err(e) => {
+                let why = if e.kind() == std::io::ErrorKind::AddrInUse {
+                    format!(
+                        "the Ray client port {address} is taken by another process (Ray's own client proxier, \
+                         started by `ray start`, holds 10001 unless given --ray-client-server-port); retrying every {}s",
+                        BIND_RETRY.as_secs()
+                    )
+                } else {
+                    format!("cannot listen on {address}: {e}")
+                };
+                error!(%address, error = %e, "{why}");
+                set(Listening::Failed(why));
+                tokio::select! {
+                    _ = tokio::time::sleep(BIND_RETRY) => continue,
+                    _ = stop.cancelled() => return,
+                }
+            }
+        }
+    };
+    let local: SocketAddr = match listener.local_addr() {
+        Ok(local) => local,
+        Err(e) => {
+            set(Listening::Failed(format!(
+                "cannot read the bound address: {e}"
+            )));
+            return;
+        }
+    };
+    info!(address = %local, "Ray client proxy listening");
+    set(Listening::On(local));
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|stream| {
+        let stream = stream?;
+        stream.set_nodelay(true)?;
+        Ok::<_, std::io::Error>(stream)
+    });
+    let served = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(32 << 20))
+        .add_service(grpc::DriverService::new(proxy.clone()))
+        .add_service(grpc::DataService::new(proxy.clone()))
+        .add_service(grpc::LogService::new(proxy))
+        .serve_with_incoming_shutdown(incoming, stop.cancelled())
+        .await;
+    if let Err(e) = served {
+        error!(error = %e, "the Ray client port stopped serving");
+        set(Listening::Failed(format!("serving {local} failed: {e}")));
+    }
+}
+
+/// The GCS address of the head whose session folder is `session`: the
+/// first line of `ray_current_cluster` in the folder above it (Ray's temp dir).
+pub fn discover_gcs(session: &Path) -> Option<String> {
+    let real = std::fs::canonicalize(session).ok()?;
+    let text = std::fs::read_to_string(real.parent()?.join("ray_current_cluster")).ok()?;
+    let address = text.lines().next()?.trim();
+    (!address.is_empty()).then(|| address.to_owned())
+}
+
+/// `<python> <ray>/_private/workers/setup_worker.py -m ray.util.client.server`,
+/// the way Ray starts a client server (setup_worker applies the runtime env
+/// context before the server starts).
+async fn default_server_command(python: &str) -> anyhow::Result<Vec<String>> {
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(python)
+            .args([
+                "-c",
+                "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('ray').origin))",
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .with_context(|| format!("{python} took over 30 s to say where Ray is"))?
+    .with_context(|| format!("cannot run {python}"))?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{python} cannot find the `ray` package ({}); pass --python or --server-command",
+        String::from_utf8_lossy(&output.stderr)
+            .lines()
+            .last()
+            .unwrap_or("")
+    );
+    let ray_dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    let setup_worker = ray_dir.join("_private/workers/setup_worker.py");
+    anyhow::ensure!(
+        setup_worker.is_file(),
+        "{} is missing",
+        setup_worker.display()
+    );
+    Ok(vec![
+        python.to_owned(),
+        setup_worker.display().to_string(),
+        "-m".into(),
+        "ray.util.client.server".into(),
+    ])
+}

@@ -1,0 +1,883 @@
+//! The Ray Client proxy module (`ray-dashd-client-proxy`) under the host,
+//! with fake Ray client servers (`ray-dashd-fake-client-server`) standing in
+//! for Ray's: forwarding, metadata, PING, num_clients, reconnects, cleanup,
+//! port reclaim, failures, KV before a server exists, 500 clients, and the
+//! module being killed and restarted by the host.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use ray_proto::rpc::cluster_info_response::ResponseType;
+use ray_proto::rpc::cluster_info_type::TypeEnum as ClusterInfoType;
+use ray_proto::rpc::internal_kv_gcs_service_server::{
+    InternalKvGcsService, InternalKvGcsServiceServer,
+};
+use ray_proto::rpc::raylet_data_streamer_client::RayletDataStreamerClient;
+use ray_proto::rpc::raylet_driver_client::RayletDriverClient;
+use ray_proto::rpc::raylet_log_streamer_client::RayletLogStreamerClient;
+use ray_proto::rpc::runtime_env_gcs_service_server::{
+    RuntimeEnvGcsService, RuntimeEnvGcsServiceServer,
+};
+use ray_proto::rpc::{
+    data_request, data_response, ClientPinRuntimeEnvUriRequest, ClusterInfoRequest,
+    ConnectionCleanupRequest, ConnectionInfoRequest, DataRequest, DataResponse, GcsStatus,
+    GetRequest, InitRequest, InternalKvExistsReply, InternalKvExistsRequest, InternalKvGetReply,
+    InternalKvGetRequest, InternalKvPutReply, InternalKvPutRequest, KvExistsRequest, KvGetRequest,
+    KvPutRequest, LogSettingsRequest, PinRuntimeEnvUriReply, PinRuntimeEnvUriRequest,
+    PrepRuntimeEnvRequest, PutRequest,
+};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Streaming};
+
+use crate::support::{
+    bin_dir, client, command_module, dashd, eventually, kill, process_gone, Dashd, WAIT,
+};
+
+const MODULE: &str = "ray_client_proxy";
+
+/// A block of `n` server ports for one test, so tests running at once do
+/// not share (the pool also skips ports someone else holds).
+fn port_block(index: u16, n: u16) -> String {
+    let first = 33_000 + index * 1000 + (std::process::id() % 10) as u16 * 50;
+    format!("{first}-{}", first + n - 1)
+}
+
+struct Setup {
+    ports: String,
+    warm_spare: bool,
+    gcs: Option<String>,
+    env: Vec<(String, String)>,
+}
+
+fn setup(ports: String) -> Setup {
+    Setup {
+        ports,
+        warm_spare: false,
+        gcs: None,
+        env: vec![],
+    }
+}
+
+impl Setup {
+    fn spare(mut self) -> Self {
+        self.warm_spare = true;
+        self
+    }
+
+    fn gcs(mut self, address: String) -> Self {
+        self.gcs = Some(address);
+        self
+    }
+
+    fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// ray-dashd with the proxy module on a free client port.
+    async fn start(self) -> (Dashd, u16) {
+        let proxy = bin_dir()
+            .join("ray-dashd-client-proxy")
+            .display()
+            .to_string();
+        let fake = bin_dir()
+            .join("ray-dashd-fake-client-server")
+            .display()
+            .to_string();
+        let spare = self.warm_spare.to_string();
+        let mut command = vec![
+            proxy.as_str(),
+            "--ray-client-port",
+            "0",
+            "--server-command",
+            fake.as_str(),
+            "--port-range",
+            self.ports.as_str(),
+            "--warm-spare",
+            spare.as_str(),
+        ];
+        if let Some(gcs) = &self.gcs {
+            command.extend(["--gcs-address", gcs.as_str()]);
+        }
+        let mut module = command_module(MODULE, &command).routes(&[(
+            "GET",
+            "/api/client_proxy/clients",
+            "http",
+        )]);
+        for (k, v) in &self.env {
+            module = module.env(k, v);
+        }
+        let d = dashd().module(module).start();
+        d.healthy(MODULE, 0).await;
+        let port = grpc_port(&d).await;
+        (d, port)
+    }
+}
+
+async fn clients_view(d: &Dashd) -> Value {
+    client()
+        .get(d.url("/api/client_proxy/clients"))
+        .send()
+        .await
+        .expect("clients request")
+        .json()
+        .await
+        .expect("clients json")
+}
+
+async fn grpc_port(d: &Dashd) -> u16 {
+    let view = clients_view(d).await;
+    let listen = view["listen"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not listening: {view}"));
+    listen
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port")
+}
+
+async fn channel(port: u16) -> Channel {
+    Channel::from_shared(format!("http://127.0.0.1:{port}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect to the proxy")
+}
+
+fn with_id<T>(message: T, id: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("client_id", id.parse().expect("ascii id"));
+    request
+}
+
+/// A Ray client as the proxy sees one: a data stream and the driver calls.
+struct TestClient {
+    id: String,
+    channel: Channel,
+    sender: mpsc::Sender<DataRequest>,
+    answers: Streaming<DataResponse>,
+    next_req: i32,
+}
+
+impl TestClient {
+    /// Opens the data stream (no message sent yet).
+    async fn open(
+        channel: Channel,
+        id: &str,
+        reconnecting: bool,
+    ) -> Result<TestClient, tonic::Status> {
+        let (sender, receiver) = mpsc::channel(16);
+        let mut request = with_id(ReceiverStream::new(receiver), id);
+        request.metadata_mut().insert(
+            "reconnecting",
+            if reconnecting { "True" } else { "False" }
+                .parse()
+                .expect("ascii"),
+        );
+        let answers = RayletDataStreamerClient::new(channel.clone())
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX)
+            .datapath(request)
+            .await?
+            .into_inner();
+        Ok(TestClient {
+            id: id.to_owned(),
+            channel,
+            sender,
+            answers,
+            next_req: 1,
+        })
+    }
+
+    /// Connects as a new client: PING, data stream, init, connection_info.
+    async fn connect(port: u16, id: &str, grace: i32) -> TestClient {
+        let channel = channel(port).await;
+        let ping = RayletDriverClient::new(channel.clone())
+            .cluster_info(ClusterInfoRequest {
+                r#type: ClusterInfoType::Ping as i32,
+            })
+            .await
+            .expect("PING answered without metadata");
+        assert_eq!(
+            ping.get_ref().response_type,
+            Some(ResponseType::Json("{}".into()))
+        );
+        let mut c = TestClient::open(channel, id, false)
+            .await
+            .expect("data stream opens");
+        let init = c.init(grace).await;
+        let Some(data_response::Type::Init(init)) = init.r#type else {
+            panic!("not an init answer: {init:?}")
+        };
+        assert!(init.ok, "init failed: {}", init.msg);
+        c
+    }
+
+    async fn send(&mut self, kind: data_request::Type) -> DataResponse {
+        let req_id = self.next_req;
+        self.next_req += 1;
+        self.sender
+            .send(DataRequest {
+                req_id,
+                r#type: Some(kind),
+            })
+            .await
+            .expect("data stream open");
+        let answer = tokio::time::timeout(WAIT, self.answers.message())
+            .await
+            .expect("answer in time")
+            .expect("answer, not an error")
+            .expect("stream still open");
+        assert_eq!(answer.req_id, req_id, "answer to another request");
+        answer
+    }
+
+    async fn init(&mut self, grace: i32) -> DataResponse {
+        self.send(data_request::Type::Init(InitRequest {
+            job_config: vec![],
+            ray_init_kwargs: r#"{"runtime_env": {}, "_skip_env_hook": true}"#.into(),
+            reconnect_grace_period: grace,
+        }))
+        .await
+    }
+
+    async fn num_clients(&mut self) -> i32 {
+        match self
+            .send(data_request::Type::ConnectionInfo(ConnectionInfoRequest {}))
+            .await
+            .r#type
+        {
+            Some(data_response::Type::ConnectionInfo(info)) => info.num_clients,
+            other => panic!("not a connection_info answer: {other:?}"),
+        }
+    }
+
+    /// What the fake server behind this client says of itself.
+    async fn whoami(&self) -> Value {
+        let mut request = with_id(
+            ClusterInfoRequest {
+                r#type: ClusterInfoType::Nodes as i32,
+            },
+            &self.id,
+        );
+        request
+            .metadata_mut()
+            .insert("x-test", "forwarded".parse().expect("ascii"));
+        let answer = RayletDriverClient::new(self.channel.clone())
+            .cluster_info(request)
+            .await
+            .expect("ClusterInfo forwarded");
+        match &answer.get_ref().response_type {
+            Some(ResponseType::Json(json)) => serde_json::from_str(json).expect("fake server json"),
+            other => panic!("unexpected ClusterInfo answer {other:?}"),
+        }
+    }
+
+    async fn cleanup(mut self) {
+        let answer = self
+            .send(data_request::Type::ConnectionCleanup(
+                ConnectionCleanupRequest {},
+            ))
+            .await;
+        assert!(matches!(
+            answer.r#type,
+            Some(data_response::Type::ConnectionCleanup(_))
+        ));
+    }
+}
+
+/// The entry of `id` in the proxy's client list.
+async fn entry(d: &Dashd, id: &str) -> Option<Value> {
+    let view = clients_view(d).await;
+    view["clients"]
+        .as_array()?
+        .iter()
+        .find(|c| c["id"] == id)
+        .cloned()
+}
+
+/// Two clients get two servers; every call lands on the caller's own server
+/// with its metadata; num_clients is the proxy's count; streams, GetObject
+/// and 12 MiB put/get cross intact; the log stream reaches the right server.
+#[tokio::test]
+async fn forwards_each_clients_calls_to_its_own_server() {
+    let (d, port) = setup(port_block(0, 20)).start().await;
+    let mut a = TestClient::connect(port, "client-a", 30).await;
+    let b = TestClient::connect(port, "client-b", 30).await;
+    assert_eq!(
+        a.num_clients().await,
+        2,
+        "num_clients is the proxy's count, not the server's 1"
+    );
+
+    let (who_a, who_b) = (a.whoami().await, b.whoami().await);
+    assert_ne!(who_a["port"], who_b["port"], "two clients share a server");
+    assert_eq!(who_a["metadata"]["client_id"], "client-a");
+    assert_eq!(
+        who_a["metadata"]["x-test"], "forwarded",
+        "metadata dropped: {who_a}"
+    );
+    assert_eq!(who_a["datapath_streams"][0]["reconnecting"], "False");
+    let listed = entry(&d, "client-a").await.expect("client-a listed");
+    assert_eq!(listed["server_port"], who_a["port"]);
+    assert_eq!(listed["server_pid"], who_a["pid"]);
+    assert_eq!(listed["attached"], true);
+    assert!(
+        who_a["context"]
+            .as_str()
+            .expect("context")
+            .contains("\"env_vars\":{}"),
+        "{who_a}"
+    );
+
+    // 12 MiB each way through the data stream.
+    let payload: Vec<u8> = (0..12 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let put = a
+        .send(data_request::Type::Put(PutRequest {
+            data: payload.clone(),
+            ..Default::default()
+        }))
+        .await;
+    let Some(data_response::Type::Put(put)) = put.r#type else {
+        panic!("not a put answer")
+    };
+    let got = a
+        .send(data_request::Type::Get(GetRequest {
+            ids: vec![put.id],
+            ..Default::default()
+        }))
+        .await;
+    let Some(data_response::Type::Get(got)) = got.r#type else {
+        panic!("not a get answer")
+    };
+    assert!(got.valid);
+    assert!(got.data == payload, "12 MiB object changed in transit");
+
+    // Server streaming.
+    let mut chunks = RayletDriverClient::new(a.channel.clone())
+        .get_object(with_id(
+            GetRequest {
+                ids: vec![vec![1]],
+                ..Default::default()
+            },
+            "client-a",
+        ))
+        .await
+        .expect("GetObject")
+        .into_inner();
+    let mut seen = vec![];
+    while let Some(chunk) = chunks.message().await.expect("chunk") {
+        seen.push(String::from_utf8(chunk.data).expect("utf8"));
+    }
+    assert_eq!(seen.len(), 3);
+    assert!(
+        seen[2].contains(&format!("from {}", who_a["port"])),
+        "{seen:?}"
+    );
+
+    // The log stream goes to the client's server too.
+    let (log_tx, log_rx) = mpsc::channel(1);
+    log_tx
+        .send(LogSettingsRequest {
+            enabled: true,
+            loglevel: 20,
+        })
+        .await
+        .expect("send");
+    let mut logs = RayletLogStreamerClient::new(b.channel.clone())
+        .logstream(with_id(ReceiverStream::new(log_rx), "client-b"))
+        .await
+        .expect("Logstream")
+        .into_inner();
+    let line = tokio::time::timeout(WAIT, logs.message())
+        .await
+        .expect("log in time")
+        .expect("log")
+        .expect("a line");
+    assert_eq!(
+        line.msg,
+        format!("log line from the server on port {}", who_b["port"])
+    );
+    drop(log_tx);
+}
+
+/// The reference's edge answers.
+#[tokio::test]
+async fn answers_edge_cases_like_rays_proxier() {
+    let (_d, port) = setup(port_block(1, 10)).start().await;
+    let channel = channel(port).await;
+
+    let (_tx, rx) = mpsc::channel::<DataRequest>(1);
+    let status = RayletDataStreamerClient::new(channel.clone())
+        .datapath(Request::new(ReceiverStream::new(rx)))
+        .await
+        .expect_err("a data stream without client_id is refused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+
+    let status = match TestClient::open(channel.clone(), "never-seen", true).await {
+        Ok(mut c) => c
+            .answers
+            .message()
+            .await
+            .expect_err("reconnect of an unknown client"),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+
+    let mut c = TestClient::open(channel.clone(), "no-init", false)
+        .await
+        .expect("opens");
+    let answer = c
+        .send(data_request::Type::ConnectionInfo(ConnectionInfoRequest {}))
+        .await;
+    let Some(data_response::Type::Init(init)) = answer.r#type else {
+        panic!("not an init answer: {answer:?}")
+    };
+    assert!(!init.ok);
+    assert!(init.msg.contains("must be an init"), "{}", init.msg);
+
+    let status = RayletDriverClient::new(channel.clone())
+        .prep_runtime_env(with_id(PrepRuntimeEnvRequest::default(), "x"))
+        .await
+        .expect_err("PrepRuntimeEnv");
+    assert_eq!(status.code(), Code::Unimplemented);
+
+    let status = RayletDriverClient::new(channel.clone())
+        .schedule(with_id(Default::default(), "nobody"))
+        .await
+        .expect_err("a call of an unknown client");
+    assert_eq!(status.code(), Code::NotFound);
+}
+
+/// A client whose connection drops and comes back within its grace period
+/// keeps its server; `connection_cleanup` ends the server at once and its
+/// port goes back to the pool.
+#[tokio::test]
+async fn reconnect_resumes_and_cleanup_frees_server_and_port() {
+    let (d, port) = setup(port_block(2, 10)).start().await;
+    let c = TestClient::connect(port, "roamer", 30).await;
+    let before = c.whoami().await;
+    let pid = before["pid"].as_u64().expect("pid") as u32;
+    // The connection drops: the data stream ends without a cleanup.
+    drop(c);
+    let detached = eventually(WAIT, || async {
+        entry(&d, "roamer").await.filter(|e| e["attached"] == false)
+    })
+    .await;
+    assert!(detached.is_some(), "client not shown detached");
+    assert!(!process_gone(pid), "server stopped within the grace period");
+
+    let mut c = TestClient::open(channel(port).await, "roamer", true)
+        .await
+        .expect("reconnect accepted");
+    assert_eq!(c.num_clients().await, 1);
+    let after = c.whoami().await;
+    assert_eq!(after["pid"], before["pid"], "reconnect got another server");
+    assert_eq!(
+        after["datapath_streams"][1]["reconnecting"], "True",
+        "{after}"
+    );
+    assert_eq!(
+        entry(&d, "roamer").await.expect("listed")["reconnected"],
+        true
+    );
+
+    c.cleanup().await;
+    let gone = eventually(WAIT, || async { process_gone(pid).then_some(()) }).await;
+    assert!(
+        gone.is_some(),
+        "server {pid} still runs after connection_cleanup"
+    );
+    let freed = eventually(WAIT, || async {
+        let view = clients_view(&d).await;
+        (view["ports_in_use"] == 0 && view["num_clients"] == 0).then_some(())
+    })
+    .await;
+    assert!(
+        freed.is_some(),
+        "port or client kept: {}",
+        clients_view(&d).await
+    );
+}
+
+/// A client that never comes back is dropped after its grace period, and
+/// a server that dies gives its port back at once.
+#[tokio::test]
+async fn grace_expiry_and_server_death_free_ports() {
+    let (d, port) = setup(port_block(3, 10)).start().await;
+    let short = TestClient::connect(port, "short-grace", 1).await;
+    let pid = short.whoami().await["pid"].as_u64().expect("pid") as u32;
+    drop(short);
+    let gone = eventually(WAIT, || async {
+        (process_gone(pid) && entry(&d, "short-grace").await.is_none()).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "client kept past its 1 s grace");
+
+    let mut doomed = TestClient::connect(port, "doomed", 30).await;
+    let pid = doomed.whoami().await["pid"].as_u64().expect("pid");
+    assert_eq!(clients_view(&d).await["ports_in_use"], 1);
+    kill(pid, Signal::SIGKILL);
+    let freed = eventually(WAIT, || async {
+        (clients_view(&d).await["ports_in_use"] == 0).then_some(())
+    })
+    .await;
+    assert!(freed.is_some(), "the dead server's port was not given back");
+    let broken = tokio::time::timeout(WAIT, doomed.answers.message())
+        .await
+        .expect("stream ends in time");
+    assert!(
+        !matches!(broken, Ok(Some(_))),
+        "the data stream of a dead server goes on"
+    );
+    // The pool still serves new clients.
+    TestClient::connect(port, "after", 30).await;
+}
+
+/// A server that cannot start: the client's init answer says so and names
+/// the log file to read; nothing hangs and the port is returned.
+#[tokio::test]
+async fn failed_server_start_is_reported_in_the_init_answer() {
+    let (d, port) = setup(port_block(4, 10))
+        .env("FAKE_SERVER_FAIL", "1")
+        .start()
+        .await;
+    let mut c = TestClient::open(channel(port).await, "unlucky", false)
+        .await
+        .expect("opens");
+    let answer = c.init(30).await;
+    let Some(data_response::Type::Init(init)) = answer.r#type else {
+        panic!("not an init answer: {answer:?}")
+    };
+    assert!(!init.ok);
+    let log = init
+        .msg
+        .split_whitespace()
+        .find(|w| w.contains("ray_client_server_") && w.ends_with(".err"))
+        .unwrap_or_else(|| panic!("no log file named in {:?}", init.msg));
+    let text = std::fs::read_to_string(log).expect("named log file exists");
+    assert!(text.contains("failing on purpose"), "{text}");
+    let view = clients_view(&d).await;
+    assert_eq!(view["ports_in_use"], 0, "{view}");
+}
+
+/// What the fake GCS saw.
+#[derive(Debug, Default, Clone)]
+struct FakeGcs {
+    kv: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
+    pinned: Arc<Mutex<Vec<String>>>,
+}
+
+#[tonic::async_trait]
+impl InternalKvGcsService for FakeGcs {
+    async fn internal_kv_get(
+        &self,
+        request: Request<InternalKvGetRequest>,
+    ) -> Result<tonic::Response<InternalKvGetReply>, tonic::Status> {
+        let value = self
+            .kv
+            .lock()
+            .expect("lock")
+            .get(&request.get_ref().key)
+            .cloned();
+        let status = match value {
+            Some(_) => None,
+            None => Some(GcsStatus {
+                code: 17,
+                message: "not found".into(),
+            }),
+        };
+        Ok(tonic::Response::new(InternalKvGetReply {
+            status,
+            value: value.unwrap_or_default(),
+        }))
+    }
+
+    async fn internal_kv_put(
+        &self,
+        request: Request<InternalKvPutRequest>,
+    ) -> Result<tonic::Response<InternalKvPutReply>, tonic::Status> {
+        let r = request.into_inner();
+        let added = self
+            .kv
+            .lock()
+            .expect("lock")
+            .insert(r.key, r.value)
+            .is_none();
+        Ok(tonic::Response::new(InternalKvPutReply {
+            status: None,
+            added,
+        }))
+    }
+
+    async fn internal_kv_exists(
+        &self,
+        request: Request<InternalKvExistsRequest>,
+    ) -> Result<tonic::Response<InternalKvExistsReply>, tonic::Status> {
+        let exists = self
+            .kv
+            .lock()
+            .expect("lock")
+            .contains_key(&request.get_ref().key);
+        Ok(tonic::Response::new(InternalKvExistsReply {
+            status: None,
+            exists,
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl RuntimeEnvGcsService for FakeGcs {
+    async fn pin_runtime_env_uri(
+        &self,
+        request: Request<PinRuntimeEnvUriRequest>,
+    ) -> Result<tonic::Response<PinRuntimeEnvUriReply>, tonic::Status> {
+        self.pinned
+            .lock()
+            .expect("lock")
+            .push(request.into_inner().uri);
+        Ok(tonic::Response::new(PinRuntimeEnvUriReply { status: None }))
+    }
+}
+
+/// KV calls made before the client has a server (the working_dir upload)
+/// are served by the GCS; once it has one, they go to its server.
+#[tokio::test]
+async fn kv_calls_before_a_server_exists_go_to_the_gcs() {
+    let gcs = FakeGcs::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind fake gcs");
+    let gcs_addr = listener.local_addr().expect("addr");
+    let server = tonic::transport::Server::builder()
+        .add_service(InternalKvGcsServiceServer::new(gcs.clone()))
+        .add_service(RuntimeEnvGcsServiceServer::new(gcs.clone()))
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+    let gcs_task = tokio::spawn(server);
+
+    let (_d, port) = setup(port_block(5, 10))
+        .gcs(gcs_addr.to_string())
+        .start()
+        .await;
+    let channel = channel(port).await;
+    let mut driver = RayletDriverClient::new(channel.clone());
+    let uri = "gcs://_ray_pkg_0123.zip".to_owned();
+    driver
+        .pin_runtime_env_uri(with_id(
+            ClientPinRuntimeEnvUriRequest {
+                uri: uri.clone(),
+                expiration_s: 600,
+            },
+            "early",
+        ))
+        .await
+        .expect("pin served");
+    let exists = driver
+        .kv_exists(with_id(
+            KvExistsRequest {
+                key: uri.clone().into_bytes(),
+                namespace: None,
+            },
+            "early",
+        ))
+        .await
+        .expect("exists served");
+    assert!(!exists.get_ref().exists);
+    let put = driver
+        .kv_put(with_id(
+            KvPutRequest {
+                key: uri.clone().into_bytes(),
+                value: b"zip".to_vec(),
+                overwrite: true,
+                namespace: None,
+            },
+            "early",
+        ))
+        .await
+        .expect("put served");
+    assert!(!put.get_ref().already_exists);
+    assert_eq!(
+        gcs.kv
+            .lock()
+            .expect("lock")
+            .get(uri.as_bytes())
+            .map(Vec::as_slice),
+        Some(&b"zip"[..])
+    );
+    assert_eq!(*gcs.pinned.lock().expect("lock"), vec![uri.clone()]);
+    let missing = driver
+        .kv_get(with_id(
+            KvGetRequest {
+                key: b"missing".to_vec(),
+                namespace: None,
+            },
+            "early",
+        ))
+        .await
+        .expect("a missing key is an OK call");
+    assert_eq!(missing.get_ref().value, None);
+
+    // With a server, KV calls go there (the fake server has its own map).
+    let c = TestClient::connect(port, "early", 30).await;
+    let get = driver
+        .kv_get(with_id(
+            KvGetRequest {
+                key: uri.clone().into_bytes(),
+                namespace: None,
+            },
+            "early",
+        ))
+        .await
+        .expect("get forwarded");
+    assert_eq!(
+        get.get_ref().value,
+        None,
+        "served by the GCS although the client has a server"
+    );
+    drop(c);
+    gcs_task.abort();
+}
+
+/// kill -9 of the proxy module: its servers die with it, the host restarts
+/// it, and clients can connect again.
+#[tokio::test]
+async fn proxy_killed_is_restarted_and_its_servers_do_not_outlive_it() {
+    let (d, port) = setup(port_block(6, 10)).spare().start().await;
+    let c = TestClient::connect(port, "before", 30).await;
+    let server_pid = c.whoami().await["pid"].as_u64().expect("pid") as u32;
+    let spare_ready = eventually(WAIT, || async {
+        (clients_view(&d).await["spare_ready"] == true).then_some(())
+    })
+    .await;
+    assert!(spare_ready.is_some(), "no spare server");
+    let module = d.module(MODULE).await;
+    kill(module["pid"].as_u64().expect("module pid"), Signal::SIGKILL);
+    let dead = eventually(WAIT, || async { process_gone(server_pid).then_some(()) }).await;
+    assert!(dead.is_some(), "a client server outlived its proxy");
+    drop(c);
+    d.healthy(MODULE, 1).await;
+    let port = grpc_port(&d).await;
+    let mut again = TestClient::connect(port, "after", 30).await;
+    assert_eq!(again.num_clients().await, 1);
+}
+
+/// The client port taken by another process: the module's state says so,
+/// and it takes the port once it is free.
+#[tokio::test]
+async fn a_taken_client_port_is_reported_plainly() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = holder.local_addr().expect("addr").port().to_string();
+    let proxy = bin_dir()
+        .join("ray-dashd-client-proxy")
+        .display()
+        .to_string();
+    let fake = bin_dir()
+        .join("ray-dashd-fake-client-server")
+        .display()
+        .to_string();
+    let ports = port_block(7, 5);
+    let d = dashd()
+        .module(
+            command_module(
+                MODULE,
+                &[
+                    &proxy,
+                    "--ray-client-port",
+                    &taken,
+                    "--server-command",
+                    &fake,
+                    "--port-range",
+                    &ports,
+                ],
+            )
+            .supervision("startup_timeout_secs", "3"),
+        )
+        .start();
+    let reported = eventually(WAIT, || async {
+        let module = d.module(MODULE).await;
+        let error = module["last_error"].as_str().unwrap_or("").to_owned();
+        error
+            .contains("is taken by another process")
+            .then_some(module)
+    })
+    .await;
+    assert!(
+        reported.is_some(),
+        "state does not say the port is taken: {}",
+        d.module(MODULE).await
+    );
+    assert!(d.log().contains("is taken by another process") || reported.is_some());
+    drop(holder);
+    let healthy = eventually(Duration::from_secs(60), || async {
+        let module = d.module(MODULE).await;
+        (module["state"] == "healthy").then_some(())
+    })
+    .await;
+    assert!(
+        healthy.is_some(),
+        "module did not take the freed port: {}",
+        d.module(MODULE).await
+    );
+}
+
+/// 500 clients at once, each with its own (fake) server; each call lands on
+/// its own server, and the proxy's memory per client stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_concurrent_clients() {
+    const CLIENTS: usize = 500;
+    let (d, port) = setup(port_block(8, 600)).start().await;
+    let proxy_pid = d.module(MODULE).await["pid"].as_u64().expect("pid") as u32;
+    let rss_before = crate::support::rss_kib(proxy_pid);
+    let mut tasks = tokio::task::JoinSet::new();
+    let limit = Arc::new(tokio::sync::Semaphore::new(64));
+    for i in 0..CLIENTS {
+        let limit = limit.clone();
+        tasks.spawn(async move {
+            let _turn = limit.acquire_owned().await.expect("semaphore");
+            let c = TestClient::connect(port, &format!("c{i}"), 30).await;
+            let who = c.whoami().await;
+            assert_eq!(who["metadata"]["client_id"], format!("c{i}"));
+            (c, who["port"].as_u64().expect("port"))
+        });
+    }
+    let mut connected = vec![];
+    while let Some(done) = tokio::time::timeout(Duration::from_secs(300), tasks.join_next())
+        .await
+        .expect("500 clients connect within 5 minutes")
+    {
+        connected.push(done.expect("client task"));
+    }
+    let ports: HashSet<u64> = connected.iter().map(|(_, p)| *p).collect();
+    assert_eq!(ports.len(), CLIENTS, "clients shared servers");
+    let (mut first, _) = connected.pop().expect("a client");
+    assert_eq!(first.num_clients().await, CLIENTS as i32);
+    let rss_after = crate::support::rss_kib(proxy_pid);
+    let per_client = (rss_after.saturating_sub(rss_before)) as f64 / CLIENTS as f64;
+    eprintln!("proxy RSS {rss_before} KiB -> {rss_after} KiB with {CLIENTS} clients: {per_client:.1} KiB per client");
+    assert!(per_client < 256.0, "{per_client:.1} KiB per client");
+    // Every client cleans up: all servers and ports go.
+    connected.push((first, 0));
+    let mut cleanups = tokio::task::JoinSet::new();
+    for (c, _) in connected {
+        cleanups.spawn(c.cleanup());
+    }
+    while cleanups.join_next().await.is_some() {}
+    let drained = eventually(Duration::from_secs(120), || async {
+        let view = clients_view(&d).await;
+        (view["ports_in_use"] == 0 && view["num_clients"] == 0).then_some(())
+    })
+    .await;
+    assert!(
+        drained.is_some(),
+        "servers left: {}",
+        clients_view(&d).await["ports_in_use"]
+    );
+}

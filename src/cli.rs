@@ -28,6 +28,12 @@ pub struct Cli {
     #[arg(long, env = "RAY_DASHD_PORT")]
     pub port: Option<u16>,
 
+    /// The port of the Ray Client proxy (`ray://host:PORT`), on the same
+    /// address as the dashboard; 0 turns it off. Only with Ray's modules.
+    /// [default: 10001]
+    #[arg(long, env = "RAY_DASHD_RAY_CLIENT_PORT")]
+    pub ray_client_port: Option<u16>,
+
     /// A TOML config file (modules, limits, supervision settings). Without
     /// it, the built-in copy of config/default.toml is used.
     #[arg(long, env = "RAY_DASHD_CONFIG", value_name = "FILE")]

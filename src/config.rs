@@ -159,6 +159,7 @@ struct RawConfig {
 struct RawRay {
     modules: Option<RayModules>,
     python: Option<String>,
+    client_port: Option<u16>,
 }
 
 /// Only modules: what `routes.py` generates for Ray's modules.
@@ -345,6 +346,10 @@ impl Validator<'_> {
                     .ray
                     .python
                     .unwrap_or_else(|| RaySettings::default().python),
+                client_port: cli
+                    .ray_client_port
+                    .or(raw.ray.client_port)
+                    .unwrap_or(crate::ray::DEFAULT_CLIENT_PORT),
             },
         })
     }

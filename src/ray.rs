@@ -65,13 +65,22 @@ pub struct RaySettings {
     pub modules: RayModules,
     /// The Python that has `ray` installed.
     pub python: String,
+    /// The Ray Client proxy's port; 0: no proxy.
+    pub client_port: u16,
 }
+
+/// The port Ray clients connect to (`ray://head:10001`).
+pub const DEFAULT_CLIENT_PORT: u16 = 10001;
+
+/// The name of the Ray Client proxy module.
+pub const CLIENT_PROXY_MODULE: &str = "ray_client_proxy";
 
 impl Default for RaySettings {
     fn default() -> Self {
         RaySettings {
             modules: RayModules::Auto,
             python: "python3".to_owned(),
+            client_port: DEFAULT_CLIENT_PORT,
         }
     }
 }
@@ -151,6 +160,16 @@ pub fn add_modules(
         modules = config.modules.len() - before,
         "hosting Ray's dashboard modules"
     );
+    if settings.client_port != 0 {
+        let proxy = client_proxy_toml(
+            &config.host.to_string(),
+            settings.client_port,
+            &gcs_address,
+            &settings.python,
+        );
+        config.add_modules_toml("<the Ray Client proxy>", &proxy)?;
+        info!(port = settings.client_port, "hosting the Ray Client proxy");
+    }
     let mut facts = Command::new(&settings.python);
     facts.arg(launcher_dir.join("head_facts.py"));
     let parent = match run(facts, ROUTES_TIMEOUT).map(|out| serde_json::from_str::<RayParent>(&out))
@@ -175,6 +194,29 @@ pub fn add_modules(
         python: settings.python,
         parent,
     }))
+}
+
+/// The Ray Client proxy as a module: `ray://<host>:<port>` clients, each
+/// with a Ray client server of its own (`modules/client-proxy`).
+fn client_proxy_toml(host: &str, port: u16, gcs_address: &str, python: &str) -> String {
+    let quote = |s: &str| serde_json::to_string(s).expect("UNWRAP: a string serializes");
+    let command = [
+        "ray-dashd-client-proxy",
+        "--host",
+        host,
+        "--ray-client-port",
+        &port.to_string(),
+        "--gcs-address",
+        gcs_address,
+        "--python",
+        python,
+    ]
+    .map(quote)
+    .join(", ");
+    format!(
+        "[[modules]]\nname = {name}\ncommand = [{command}]\nroutes = [\n  {{ method = \"GET\", path = \"/api/client_proxy/clients\", type = \"http\" }},\n]\n",
+        name = quote(CLIENT_PROXY_MODULE)
+    )
 }
 
 /// Tells Ray's tools (through the GCS key `dashboard`) that the dashboard

@@ -28,9 +28,9 @@ const RAY_MODULES: [&str; 9] = [
     "TrainHead",
 ];
 /// Bound on the head's start, the modules' start and each CLI call.
-const RAY_WAIT: Duration = Duration::from_secs(180);
+pub(crate) const RAY_WAIT: Duration = Duration::from_secs(180);
 
-fn ray_python() -> Option<PathBuf> {
+pub(crate) fn ray_python() -> Option<PathBuf> {
     match std::env::var_os("RAY_DASHD_TEST_RAY_PYTHON") {
         Some(python) => Some(PathBuf::from(python)),
         None if std::env::var_os("CI").is_some() => {
@@ -43,7 +43,7 @@ fn ray_python() -> Option<PathBuf> {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
@@ -61,15 +61,15 @@ fn free_port_block(n: u16) -> u16 {
 }
 
 /// A Ray head run by `ray start --block` in its own process group.
-struct RayHead {
+pub(crate) struct RayHead {
     child: Option<Child>,
     temp: tempfile::TempDir,
-    gcs: String,
-    bin: PathBuf,
+    pub(crate) gcs: String,
+    pub(crate) bin: PathBuf,
 }
 
 impl RayHead {
-    fn start(python: &Path) -> RayHead {
+    pub(crate) fn start(python: &Path) -> RayHead {
         let bin = python.parent().expect("venv bin").to_path_buf();
         let temp = tempfile::Builder::new()
             .prefix("rdr")
@@ -141,7 +141,7 @@ impl RayHead {
         head
     }
 
-    fn session(&self) -> PathBuf {
+    pub(crate) fn session(&self) -> PathBuf {
         self.temp.path().join("session_latest")
     }
 
@@ -195,7 +195,7 @@ fn pids_mentioning(path: &Path) -> Vec<i32> {
 
 /// What every Ray process of the test needs: loopback-only addresses, the
 /// venv first on PATH (a job's `python` is the venv's), no usage reports.
-fn ray_env(command: &mut Command, bin: &Path) {
+pub(crate) fn ray_env(command: &mut Command, bin: &Path) {
     let path = format!(
         "{}:{}",
         bin.display(),
@@ -208,7 +208,7 @@ fn ray_env(command: &mut Command, bin: &Path) {
         .env("DASHBOARD_METRIC_PORT", free_port().to_string());
 }
 
-fn run_bounded(mut command: Command) -> Output {
+pub(crate) fn run_bounded(mut command: Command) -> Output {
     let described = format!("{command:?}");
     let child = command
         .stdin(Stdio::null())
@@ -230,7 +230,7 @@ fn run_bounded(mut command: Command) -> Output {
     }
 }
 
-fn text(output: &Output) -> String {
+pub(crate) fn text(output: &Output) -> String {
     format!(
         "{}\n{}",
         String::from_utf8_lossy(&output.stdout),
@@ -280,12 +280,15 @@ async fn ray_cli_works_through_ray_dashd() {
     let d = dashd()
         .session_dir(&head.session())
         .toml(&format!(
-            "[ray]\nmodules = \"on\"\npython = {}\n",
-            serde_json::to_string(&python.display().to_string()).expect("json")
+            "[ray]\nmodules = \"on\"\npython = {}\nclient_port = {}\n",
+            serde_json::to_string(&python.display().to_string()).expect("json"),
+            free_port()
         ))
         .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         .start();
     all_ray_modules_healthy(&d).await;
+    // With Ray's modules comes the Ray Client proxy.
+    d.healthy("ray_client_proxy", 0).await;
     let address = d.url("");
 
     let submitted = head.cli(&[

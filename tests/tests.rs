@@ -12,6 +12,7 @@ mod proxy_http;
 mod proxy_stream;
 mod proxy_ws;
 mod python_module;
+mod ray_client;
 mod ray_head;
 mod shutdown;
 mod supervisor;

@@ -1,0 +1,292 @@
+//! `ray.init("ray://…")` through ray-dashd's client proxy module, against a
+//! real Ray head (private ports, temp dir, stopped by pid): a task, an
+//! actor, 12 MiB put/get, a task's print on the client, `env_vars` and
+//! `working_dir` runtime envs, two clients at once with servers of their
+//! own, a dropped connection resumed within the grace period, and the
+//! server gone after `ray.shutdown()`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
+
+use crate::ray_head::{free_port, ray_env, ray_python, run_bounded, text, RayHead, RAY_WAIT};
+use crate::support::{bin_dir, client, command_module, dashd, eventually, process_gone, Dashd};
+
+const MODULE: &str = "ray_client_proxy";
+
+fn driver_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ray_client_driver.py")
+}
+
+fn driver(head: &RayHead, python: &Path, address: &str, scenario: &str, flags: &Path) -> Command {
+    let mut command = Command::new(python);
+    command
+        .arg(driver_script())
+        .args([address, scenario])
+        .arg(flags);
+    ray_env(&mut command, &head.bin);
+    command
+}
+
+/// Runs a scenario to its end; its JSON result.
+fn run_driver(head: &RayHead, python: &Path, address: &str, scenario: &str) -> Value {
+    let flags = tempfile::tempdir().expect("flags dir");
+    let output = run_bounded(driver(head, python, address, scenario, flags.path()));
+    let out = text(&output);
+    assert!(output.status.success(), "{scenario} failed:\n{out}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("{scenario} printed nothing:\n{out}"));
+    let mut result: Value =
+        serde_json::from_str(last).unwrap_or_else(|_| panic!("{scenario}: no JSON result:\n{out}"));
+    result["stdout"] = Value::String(stdout.into_owned());
+    result
+}
+
+/// A driver left running, killed by pid if the test ends first.
+struct Running(Option<Child>);
+
+impl Running {
+    fn wait(mut self) -> std::process::Output {
+        let child = self.0.take().expect("child");
+        child.wait_with_output().expect("driver output")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn_driver(mut command: Command) -> Running {
+    Running(Some(
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn driver"),
+    ))
+}
+
+async fn wait_file(path: &Path) {
+    let found = eventually(RAY_WAIT, || async { path.exists().then_some(()) }).await;
+    assert!(found.is_some(), "{} never appeared", path.display());
+}
+
+async fn clients(d: &Dashd) -> Value {
+    client()
+        .get(d.url("/api/client_proxy/clients"))
+        .send()
+        .await
+        .expect("clients")
+        .json()
+        .await
+        .expect("json")
+}
+
+/// A TCP relay in front of the proxy whose connections can be cut, as a
+/// network drop would.
+struct Relay {
+    port: u16,
+    connections: Arc<Mutex<Vec<AbortHandle>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(upstream: u16) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("relay bind");
+        let port = listener.local_addr().expect("addr").port();
+        let connections: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let held = connections.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let relay = tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", upstream)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                held.lock().expect("lock").push(relay.abort_handle());
+            }
+        });
+        Relay {
+            port,
+            connections,
+            task,
+        }
+    }
+
+    /// Drops every open connection.
+    fn cut(&self) -> usize {
+        let mut connections = self.connections.lock().expect("lock");
+        let n = connections.len();
+        for c in connections.drain(..) {
+            c.abort();
+        }
+        n
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.cut();
+        self.task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ray_client_works_through_the_proxy() {
+    let Some(python) = ray_python() else { return };
+    let head = RayHead::start(&python);
+    let client_port = free_port();
+    let proxy = bin_dir()
+        .join("ray-dashd-client-proxy")
+        .display()
+        .to_string();
+    let port_text = client_port.to_string();
+    let first = 23_000 + (std::process::id() % 90) as u16 * 100;
+    let ports = format!("{first}-{}", first + 99);
+    let python_text = python.display().to_string();
+    let d = dashd()
+        .session_dir(&head.session())
+        .toml("[ray]\nmodules = \"off\"\n")
+        .module(
+            command_module(
+                MODULE,
+                &[
+                    &proxy,
+                    "--ray-client-port",
+                    &port_text,
+                    "--gcs-address",
+                    &head.gcs,
+                    "--python",
+                    &python_text,
+                    "--port-range",
+                    &ports,
+                ],
+            )
+            .routes(&[("GET", "/api/client_proxy/clients", "http")]),
+        )
+        .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        .start();
+    d.healthy(MODULE, 0).await;
+    let spare = eventually(RAY_WAIT, || async {
+        (clients(&d).await["spare_ready"] == true).then_some(())
+    })
+    .await;
+    assert!(
+        spare.is_some(),
+        "no spare server: {}\n{}",
+        clients(&d).await,
+        d.log()
+    );
+    let address = format!("127.0.0.1:{client_port}");
+
+    let basics = run_driver(&head, &python, &address, "basics");
+    assert_eq!(basics["task"], 42, "{basics}");
+    assert_eq!(basics["actor"], 2, "{basics}");
+    assert_eq!(basics["put_get_equal"], true, "{basics}");
+    assert_eq!(basics["print_seen"], true, "{basics}");
+    assert_eq!(basics["num_clients"], 1, "{basics}");
+    eprintln!("connect with a warm spare: {} s", basics["connect_s"]);
+
+    let env_vars = run_driver(&head, &python, &address, "env_vars");
+    assert_eq!(env_vars["env_var"], "through-the-proxy", "{env_vars}");
+    let working_dir = run_driver(&head, &python, &address, "working_dir");
+    assert_eq!(
+        working_dir["working_dir"], "from the working dir",
+        "{working_dir}"
+    );
+
+    // Two clients at once: two servers.
+    let flags_a = tempfile::tempdir().expect("flags");
+    let flags_b = tempfile::tempdir().expect("flags");
+    let a = spawn_driver(driver(&head, &python, &address, "hold", flags_a.path()));
+    let b = spawn_driver(driver(&head, &python, &address, "hold", flags_b.path()));
+    wait_file(&flags_a.path().join("connected")).await;
+    wait_file(&flags_b.path().join("connected")).await;
+    let view = clients(&d).await;
+    let listed = view["clients"].as_array().expect("clients").clone();
+    assert_eq!(listed.len(), 2, "{view}");
+    assert_ne!(listed[0]["server_pid"], listed[1]["server_pid"], "{view}");
+    let pids: Vec<u32> = listed
+        .iter()
+        .map(|c| c["server_pid"].as_u64().expect("pid") as u32)
+        .collect();
+    std::fs::write(flags_a.path().join("go"), "").expect("go");
+    std::fs::write(flags_b.path().join("go"), "").expect("go");
+    for run in [a, b] {
+        let output = run.wait();
+        assert!(output.status.success(), "{}", text(&output));
+        let result: Value = serde_json::from_str(
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .last()
+                .expect("json"),
+        )
+        .expect("json");
+        assert_eq!(result["task"], 10);
+        assert_eq!(
+            result["num_clients"], 2,
+            "num_clients is the proxy's count: {result}"
+        );
+    }
+    // ray.shutdown(): the servers go, promptly.
+    let gone = eventually(Duration::from_secs(30), || async {
+        (pids.iter().all(|p| process_gone(*p)) && clients(&d).await["num_clients"] == 0)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "servers left after ray.shutdown(): {}",
+        clients(&d).await
+    );
+
+    // A dropped connection, resumed within the grace period.
+    let relay = Relay::start(client_port).await;
+    let flags = tempfile::tempdir().expect("flags");
+    let resumed = spawn_driver(driver(
+        &head,
+        &python,
+        &format!("127.0.0.1:{}", relay.port),
+        "resume",
+        flags.path(),
+    ));
+    wait_file(&flags.path().join("connected")).await;
+    let before = clients(&d).await["clients"][0].clone();
+    assert!(relay.cut() > 0, "no connection to cut");
+    let started = Instant::now();
+    let back = eventually(RAY_WAIT, || async {
+        let entry = clients(&d).await["clients"][0].clone();
+        (entry["reconnected"] == true && entry["attached"] == true).then_some(entry)
+    })
+    .await;
+    let Some(back) = back else {
+        panic!("client did not reconnect: {}", clients(&d).await)
+    };
+    eprintln!("reconnected after {:?}", started.elapsed());
+    assert_eq!(
+        back["server_pid"], before["server_pid"],
+        "reconnect got another server"
+    );
+    std::fs::write(flags.path().join("go"), "").expect("go");
+    let output = resumed.wait();
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("\"task\": 10"),
+        "{}",
+        text(&output)
+    );
+}

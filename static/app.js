@@ -145,6 +145,43 @@ function renderOverview(modules) {
   $("#summary").replaceChildren(...Object.entries(counts).map(([state, n]) =>
     el("span", { class: `pill state-${state}` }, `${n} ${state}`)));
   renderRayLinks(modules);
+  refreshRayClients(modules);
+}
+
+// The Ray Client proxy's clients, when a module serves them.
+const CLIENTS_PATH = "/api/client_proxy/clients";
+
+async function refreshRayClients(modules) {
+  const served = modules.some((m) => m.routes.some((r) => r.method === "GET" && r.path === CLIENTS_PATH));
+  $("#ray-clients").hidden = !served;
+  if (!served) return;
+  let view;
+  try {
+    const response = await fetch(apiUrl(CLIENTS_PATH.slice("/api/".length)), { cache: "no-store" });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    view = await response.json();
+  } catch (error) {
+    $("#ray-clients-status").textContent = `The Ray Client proxy does not answer (${error.message}).`;
+    $("#ray-clients-status").classList.add("bad");
+    return;
+  }
+  const status = $("#ray-clients-status");
+  status.classList.toggle("bad", !view.listen);
+  status.textContent = view.listen
+    ? `ray://${view.listen} · ${view.num_clients} client${view.num_clients === 1 ? "" : "s"} · ` +
+      `${view.ports_in_use} server port${view.ports_in_use === 1 ? "" : "s"} in use` +
+      (view.warm_spare ? ` · spare server ${view.spare_ready ? "ready" : "starting"}` : "")
+    : (view.error ?? "The Ray Client port is not bound yet.");
+  const rows = view.clients.map((c) => el("tr", { dataset: { client: c.id } },
+    el("td", {}, el("code", {}, c.id)),
+    el("td", {}, el("span", { class: `state state-${c.server_state === "ready" ? "healthy" : c.server_state === "failed" ? "unhealthy" : "starting"}` }, c.server_state),
+      c.error ? el("div", { class: "error" }, c.error) : null),
+    el("td", { class: "num" }, c.server_pid == null ? "—" : String(c.server_pid)),
+    el("td", { class: "num" }, c.server_port == null ? "—" : String(c.server_port)),
+    el("td", {}, formatTime(c.connected_since * 1000)),
+    el("td", {}, c.attached ? (c.reconnected ? "reconnected" : "connected") : "dropped; within grace period")));
+  $("#ray-clients tbody").replaceChildren(...rows);
+  $("#no-ray-clients").hidden = rows.length > 0;
 }
 
 // Links to the data of Ray's own modules, when ray-dashd hosts them.

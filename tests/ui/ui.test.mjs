@@ -21,6 +21,8 @@ const binDir = path.resolve(root, process.env.RAY_DASHD_BIN_DIR ?? "target/debug
 const chromiumPath = process.env.RAY_DASHD_CHROMIUM ?? "/usr/bin/chromium";
 const shots = path.join(root, "target", "ui-screenshots");
 const WAIT_MS = 15000;
+// Ports for the client proxy's (fake) Ray client servers.
+const serverPorts = (() => { const first = 39000 + (process.pid % 20) * 50; return `${first}-${first + 49}`; })();
 
 let tmp, session, dashd, base, browser, page;
 const consoleErrors = [];
@@ -45,6 +47,14 @@ name = "tm"
 command = ["${path.join(binDir, "ray-dashd-test-module")}"]
 routes = [
 ${routes([["GET", "/test/info", "http"], ["GET", "/test/ws/echo", "websocket"]])}
+]
+
+[[modules]]
+name = "ray_client_proxy"
+command = ["${path.join(binDir, "ray-dashd-client-proxy")}", "--ray-client-port", "0", "--warm-spare", "false",
+  "--server-command", "${path.join(binDir, "ray-dashd-fake-client-server")}", "--port-range", "${serverPorts}"]
+routes = [
+${routes([["GET", "/api/client_proxy/clients", "http"]])}
 ]
 `;
 }
@@ -167,6 +177,29 @@ test("the log viewer tails a file live and filters it", async () => {
     const lines = [...document.querySelectorAll("#log .line")];
     return lines.length === 1 && lines[0].textContent === m;
   }, marker, { timeout: WAIT_MS });
+});
+
+test("the Ray clients panel shows the proxy and a connected client", async () => {
+  await page.goto(`${base}/`);
+  const status = page.locator("#ray-clients-status", { hasText: "ray://127.0.0.1:" });
+  await status.waitFor({ timeout: WAIT_MS });
+  assert.match(await status.innerText(), /0 clients/);
+  await page.locator("#no-ray-clients").waitFor({ state: "visible" });
+  const listen = /ray:\/\/(\S+)/.exec(await status.innerText())[1];
+  const client = spawn(path.join(binDir, "ray-dashd-fake-client"), [listen, "ui-test-client"],
+    { stdio: ["pipe", "pipe", "inherit"] });
+  try {
+    const row = page.locator('#ray-clients tr[data-client="ui-test-client"]');
+    await row.locator(".state-healthy", { hasText: "ready" }).waitFor({ timeout: WAIT_MS });
+    assert.match(await row.innerText(), /connected/);
+    assert.match(await status.innerText(), /1 client\b/);
+    await page.locator("#ray-clients").screenshot({ path: path.join(shots, "ray-clients.png") });
+  } finally {
+    client.stdin.end();
+    await Promise.race([new Promise((r) => client.on("exit", r)), new Promise((r) => setTimeout(r, WAIT_MS))]);
+    if (client.exitCode === null) client.kill("SIGKILL");
+  }
+  await page.locator("#no-ray-clients").waitFor({ state: "visible", timeout: WAIT_MS });
 });
 
 test("the page logged no console errors", () => {

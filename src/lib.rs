@@ -8,7 +8,8 @@
 //! - [`supervisor`]: one task per module; spawn, health-check, restart.
 //! - [`proxy`] and [`routes`]: forwarding module routes over Unix sockets.
 //! - [`server`]: the host's own routes, the UI, the accept loop.
-//! - [`ray`]: Ray's own dashboard modules, when the session is a Ray head.
+//! - [`ray`]: Ray's own dashboard modules, when the session is a Ray head,
+//!   and what Ray's dashboard parent serves itself (token auth, GCS check).
 //! - [`shutdown`] and [`logging`]: signals and tracing.
 
 pub mod cli;

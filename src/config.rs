@@ -160,6 +160,7 @@ struct RawRay {
     modules: Option<RayModules>,
     python: Option<String>,
     client_port: Option<u16>,
+    gcs_gone_secs: Option<f64>,
 }
 
 /// Only modules: what `routes.py` generates for Ray's modules.
@@ -350,6 +351,16 @@ impl Validator<'_> {
                     .ray_client_port
                     .or(raw.ray.client_port)
                     .unwrap_or(crate::ray::DEFAULT_CLIENT_PORT),
+                gcs_gone_after: match self.secs(
+                    "ray.gcs_gone_secs",
+                    raw.ray.gcs_gone_secs,
+                    crate::ray::GCS_GONE_AFTER,
+                )? {
+                    Duration::ZERO => {
+                        return Err(self.invalid("ray.gcs_gone_secs", "must be more than 0"))
+                    }
+                    after => after,
+                },
             },
         })
     }
@@ -781,6 +792,10 @@ supervision = { health_timeout_secs = 0.25 }
         assert_eq!(c.ray.modules, RayModules::Off);
         assert_eq!(c.ray.python, "/opt/py");
         assert!(load("[ray]\nmodules = \"maybe\"\n").is_err());
+        assert_eq!(c.ray.gcs_gone_after, Duration::from_secs(60));
+        let c = load("[ray]\ngcs_gone_secs = 2.5\n").expect("valid");
+        assert_eq!(c.ray.gcs_gone_after, Duration::from_millis(2500));
+        assert!(load("[ray]\ngcs_gone_secs = 0\n").is_err());
     }
 
     #[test]

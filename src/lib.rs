@@ -8,7 +8,8 @@
 //! - [`supervisor`]: one task per module; spawn, health-check, restart.
 //! - [`proxy`] and [`routes`]: forwarding module routes over Unix sockets.
 //! - [`server`]: the host's own routes, the UI, the accept loop.
-//! - [`ray`]: Ray's own dashboard modules, when the session is a Ray head.
+//! - [`ray`]: Ray's own dashboard modules, when the session is a Ray head,
+//!   and what Ray's dashboard parent serves itself (token auth, GCS check).
 //! - [`shutdown`] and [`logging`]: signals and tracing.
 
 pub mod cli;
@@ -44,9 +45,28 @@ const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 /// Extra time the modules get to stop, beyond their own stop grace.
 const MODULE_STOP_SLACK: Duration = Duration::from_secs(2);
 
+/// Why a ray-dashd that started has stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// SIGTERM or SIGINT.
+    Signal,
+    /// The Ray head whose modules it hosted went away (see [`ray::gcs`]).
+    RayHeadGone,
+}
+
+impl Stopped {
+    /// The process's exit code: 0 after a signal, 3 when the head is gone.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Stopped::Signal => 0,
+            Stopped::RayHeadGone => 3,
+        }
+    }
+}
+
 /// Prepares the session, starts logging and the runtime, binds, and serves
-/// until SIGTERM or SIGINT.
-pub fn launch(mut config: Config) -> Result<(), StartupError> {
+/// until SIGTERM or SIGINT, or until the Ray head it serves is gone.
+pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
     let session = Session::prepare(&config.session_dir)?;
     let _log_guard = logging::init(&session)?;
     let ray_head = ray::add_modules(&mut config, &session)?;
@@ -70,16 +90,36 @@ pub fn launch(mut config: Config) -> Result<(), StartupError> {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| StartupError::Bind { addr, source })?;
-        let shutdown = shutdown::signal().map_err(StartupError::Runtime)?;
-        let parent = ray_head.as_ref().and_then(|head| head.parent.clone());
-        if let (Some(head), Ok(addr)) = (ray_head, listener.local_addr()) {
-            tokio::spawn(ray::advertise(head, addr));
-        }
+        let signal = shutdown::signal().map_err(StartupError::Runtime)?;
+        let (gone_tx, gone_rx) = tokio::sync::oneshot::channel();
+        let parent = match &ray_head {
+            Some(head) => {
+                let bound = listener
+                    .local_addr()
+                    .map_err(|source| StartupError::Bind { addr, source })?;
+                let watcher = ray::watcher(head, bound)?;
+                tokio::spawn(async move {
+                    let _ = gone_tx.send(watcher.run().await);
+                });
+                Some(head.parent.clone())
+            }
+            None => None,
+        };
+        let mut stopped = Stopped::Signal;
+        let shutdown = async {
+            tokio::select! {
+                () = signal => {}
+                Ok(_gone) = gone_rx => {
+                    info!("stopping: the Ray head is gone");
+                    stopped = Stopped::RayHeadGone;
+                }
+            }
+        };
         run(config, session, listener, parent, shutdown).await;
-        Ok(())
+        Ok(stopped)
     });
-    // A blocking helper still running (a GCS key write, say) must not hold
-    // up the exit; the modules are already stopped.
+    // A blocking helper still running must not hold up the exit; the
+    // modules are already stopped.
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
     served
 }

@@ -20,7 +20,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     match ray_dashd::launch(config) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(stopped) => ExitCode::from(stopped.exit_code()),
         Err(e) => {
             eprintln!("ray-dashd: {e}");
             ExitCode::from(e.exit_code())

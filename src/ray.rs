@@ -5,7 +5,12 @@
 //!
 //! The route table is not kept here: `routes.py` reads it from the installed
 //! Ray at start-up and fails loudly when Ray's internals are not the ones it
-//! knows.
+//! knows. What Ray's dashboard parent serves itself is in [`parent`], its
+//! token check in [`auth`], and the host's own view of the GCS in [`gcs`].
+
+pub mod auth;
+pub mod gcs;
+pub mod parent;
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -19,6 +24,8 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::error::StartupError;
 use crate::session::Session;
+use auth::Token;
+use gcs::{GcsClient, GcsStatus, Watcher};
 
 /// The launcher's files, written to `<session>/ray_dashd/` at start-up.
 const FILES: &[(&str, &str)] = &[
@@ -38,11 +45,10 @@ const FILES: &[(&str, &str)] = &[
 /// How long reading Ray's route table may take (it imports Ray and the
 /// nine module files: about 3 s on 2 cores).
 const ROUTES_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long writing the dashboard's address to the GCS may take.
-const KV_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often the address is written again: Ray's own minimal dashboard
-/// writes its (dead) address at start, and a restarted GCS forgets ours.
-const KV_REFRESH: Duration = Duration::from_secs(60);
+/// Default of `[ray] gcs_gone_secs`: how long the GCS may stay unreachable
+/// before the head counts as gone. Ray's own processes give up on a GCS
+/// after the same time (`gcs_rpc_server_reconnect_timeout_s`).
+pub const GCS_GONE_AFTER: Duration = Duration::from_secs(60);
 
 /// When to host Ray's modules.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -67,6 +73,8 @@ pub struct RaySettings {
     pub python: String,
     /// The Ray Client proxy's port; 0: no proxy.
     pub client_port: u16,
+    /// How long the head's GCS may stay unreachable before ray-dashd stops.
+    pub gcs_gone_after: Duration,
 }
 
 /// The port Ray clients connect to (`ray://head:10001`).
@@ -81,6 +89,7 @@ impl Default for RaySettings {
             modules: RayModules::Auto,
             python: "python3".to_owned(),
             client_port: DEFAULT_CLIENT_PORT,
+            gcs_gone_after: GCS_GONE_AFTER,
         }
     }
 }
@@ -90,28 +99,85 @@ impl Default for RaySettings {
 pub struct RayHead {
     /// The GCS address, `host:port`.
     pub gcs_address: String,
-    /// Where the launcher's files were written.
-    pub launcher_dir: PathBuf,
-    /// The Python that has `ray`.
-    pub python: String,
-    /// What the host serves in place of Ray's dashboard parent, when the
-    /// installed Ray could tell (see `head_facts.py`).
-    pub parent: Option<RayParent>,
+    /// What the host serves in place of Ray's dashboard parent.
+    pub parent: RayParent,
+    /// How long the GCS may stay unreachable before the head counts as gone.
+    pub gcs_gone_after: Duration,
 }
 
 /// What Ray's dashboard parent serves itself, for the host to serve.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct RayParent {
-    /// Ray's built web UI (`index.html`, `favicon.ico`, `static/`).
-    pub ui_dir: PathBuf,
+    /// Ray's built web UI (`index.html`, `favicon.ico`, `static/`), when the
+    /// installed Ray has it.
+    pub ui_dir: Option<PathBuf>,
     /// The answer to `GET /timezone`.
     pub timezone: serde_json::Value,
-    /// `disabled` or `token`, for `GET /api/authentication_mode`.
-    pub authentication_mode: String,
+    /// The cluster's token when Ray's token authentication is on
+    /// (`RAY_AUTH_MODE=token`); `None` when it is off.
+    pub token: Option<Token>,
+    /// For `GET /usage_stats_enabled`.
+    pub usage_stats_enabled: bool,
+    /// For `GET /usage_stats_enabled`.
+    pub usage_stats_prompt_enabled: bool,
+    /// The latest GCS check, for `/api/gcs_healthz` and `/cluster_id`.
+    pub gcs: GcsStatus,
+}
+
+/// What `head_facts.py` prints, read with Ray's own helpers.
+#[derive(Deserialize)]
+struct HeadFacts {
+    ui_dir: PathBuf,
+    timezone: serde_json::Value,
+    authentication_mode: String,
+    #[serde(default)]
+    k8s_token_auth: bool,
+    #[serde(default)]
+    auth_token: Option<String>,
+    usage_stats_enabled: bool,
+    usage_stats_prompt_enabled: bool,
+}
+
+impl RayParent {
+    /// Checks `facts` and keeps what the host serves.
+    fn from_facts(facts: HeadFacts) -> Result<RayParent, String> {
+        let token = match facts.authentication_mode.as_str() {
+            "disabled" => None,
+            "token" if facts.k8s_token_auth => {
+                return Err(
+                    "Ray's Kubernetes token authentication (RAY_ENABLE_K8S_TOKEN_AUTH) \
+                     is not supported by ray-dashd"
+                        .to_owned(),
+                )
+            }
+            "token" => Some(
+                facts
+                    .auth_token
+                    .as_deref()
+                    .and_then(Token::new)
+                    .ok_or("RAY_AUTH_MODE=token, but Ray found no token")?,
+            ),
+            other => return Err(format!("unknown Ray authentication mode {other:?}")),
+        };
+        let ui_dir = if facts.ui_dir.join("index.html").is_file() {
+            Some(facts.ui_dir)
+        } else {
+            warn!(ui = %facts.ui_dir.display(), "Ray's web UI is not in the installed Ray; not served");
+            None
+        };
+        Ok(RayParent {
+            ui_dir,
+            timezone: facts.timezone,
+            token,
+            usage_stats_enabled: facts.usage_stats_enabled,
+            usage_stats_prompt_enabled: facts.usage_stats_prompt_enabled,
+            gcs: GcsStatus::default(),
+        })
+    }
 }
 
 /// Adds Ray's modules to `config` when its `[ray]` settings ask for them.
-/// Returns the head they belong to, for [`advertise`].
+/// Returns the head they belong to, for [`watcher`].
 pub fn add_modules(
     config: &mut Config,
     session: &Session,
@@ -130,8 +196,28 @@ pub fn add_modules(
         info!(session = %session.dir.display(), "no Ray head found; Ray's modules are not hosted");
         return Ok(None);
     };
+    let not_hosted = |e: String| {
+        if settings.modules == RayModules::Auto {
+            warn!(python = %settings.python, error = %e, "Ray head found, but its modules cannot be hosted");
+            Ok(None)
+        } else {
+            Err(StartupError::Ray(e))
+        }
+    };
     let launcher_dir = write_launcher(session)
         .map_err(|e| StartupError::Ray(format!("cannot write the launcher: {e}")))?;
+    // What the parent serves first: without it (a token that cannot be
+    // read, say) the modules must not be exposed at all.
+    let mut facts = Command::new(&settings.python);
+    facts.arg(launcher_dir.join("head_facts.py"));
+    let parent = match run(facts, ROUTES_TIMEOUT).and_then(|out| {
+        let facts = serde_json::from_str::<HeadFacts>(&out)
+            .map_err(|e| format!("head_facts.py printed no facts: {e}"))?;
+        RayParent::from_facts(facts)
+    }) {
+        Ok(parent) => parent,
+        Err(e) => return not_hosted(e),
+    };
     let routes = launcher_dir.join("routes.py");
     let mut command = Command::new(&settings.python);
     command
@@ -139,14 +225,13 @@ pub fn add_modules(
         .arg("--python")
         .arg(&settings.python)
         .arg("--launcher")
-        .arg(launcher_dir.join("launcher.py"));
+        .arg(launcher_dir.join("launcher.py"))
+        // The host answers it from its cached check (see `gcs`).
+        .arg("--omit")
+        .arg(parent::GCS_HEALTH_PATH);
     let generated = match run(command, ROUTES_TIMEOUT) {
         Ok(generated) => generated,
-        Err(e) if settings.modules == RayModules::Auto => {
-            warn!(python = %settings.python, error = %e, "Ray head found, but its modules cannot be hosted");
-            return Ok(None);
-        }
-        Err(e) => return Err(StartupError::Ray(e)),
+        Err(e) => return not_hosted(e),
     };
     let origin = format!(
         "<Ray's modules, from {} {}>",
@@ -158,6 +243,7 @@ pub fn add_modules(
     info!(
         gcs = %gcs_address,
         modules = config.modules.len() - before,
+        token_auth = parent.token.is_some(),
         "hosting Ray's dashboard modules"
     );
     if settings.client_port != 0 {
@@ -170,29 +256,10 @@ pub fn add_modules(
         config.add_modules_toml("<the Ray Client proxy>", &proxy)?;
         info!(port = settings.client_port, "hosting the Ray Client proxy");
     }
-    let mut facts = Command::new(&settings.python);
-    facts.arg(launcher_dir.join("head_facts.py"));
-    let parent = match run(facts, ROUTES_TIMEOUT).map(|out| serde_json::from_str::<RayParent>(&out))
-    {
-        Ok(Ok(parent)) if parent.ui_dir.join("index.html").is_file() => Some(parent),
-        Ok(Ok(parent)) => {
-            warn!(ui = %parent.ui_dir.display(), "Ray's web UI is not in the installed Ray; not served");
-            None
-        }
-        Ok(Err(e)) => {
-            warn!(error = %e, "cannot read what Ray's dashboard parent serves; Ray's UI is not served");
-            None
-        }
-        Err(e) => {
-            warn!(error = %e, "cannot read what Ray's dashboard parent serves; Ray's UI is not served");
-            None
-        }
-    };
     Ok(Some(RayHead {
         gcs_address,
-        launcher_dir,
-        python: settings.python,
         parent,
+        gcs_gone_after: settings.gcs_gone_after,
     }))
 }
 
@@ -219,35 +286,19 @@ fn client_proxy_toml(host: &str, port: u16, gcs_address: &str, python: &str) -> 
     )
 }
 
-/// Tells Ray's tools (through the GCS key `dashboard`) that the dashboard
-/// is at `addr`, now and every [`KV_REFRESH`], until the process ends.
-pub async fn advertise(head: RayHead, addr: SocketAddr) {
-    let advertised = match addr {
-        SocketAddr::V4(a) if a.ip().is_unspecified() => {
-            SocketAddr::from(([127, 0, 0, 1], a.port()))
-        }
-        SocketAddr::V6(a) if a.ip().is_unspecified() => {
-            SocketAddr::from(([127, 0, 0, 1], a.port()))
-        }
-        other => other,
-    };
-    loop {
-        let mut command = Command::new(&head.python);
-        command
-            .arg(head.launcher_dir.join("dashboard_kv.py"))
-            .arg(&head.gcs_address)
-            .arg(advertised.to_string());
-        match tokio::task::spawn_blocking(move || run(command, KV_TIMEOUT)).await {
-            Ok(Ok(_)) => {
-                info!(address = %advertised, gcs = %head.gcs_address, "dashboard address written to the GCS")
-            }
-            Ok(Err(e)) => {
-                warn!(gcs = %head.gcs_address, error = %e, "cannot write the dashboard address to the GCS")
-            }
-            Err(e) => warn!(error = %e, "dashboard address task failed"),
-        }
-        tokio::time::sleep(KV_REFRESH).await;
-    }
+/// The checker of `head`'s GCS for a dashboard bound to `bound`: it keeps
+/// `head.parent.gcs` current, writes the dashboard's address to the GCS
+/// keys `dashboard` and `webui:url`, and ends when the head is gone.
+pub fn watcher(head: &RayHead, bound: SocketAddr) -> Result<Watcher<GcsClient>, StartupError> {
+    let client =
+        GcsClient::new(&head.gcs_address, head.parent.token.as_ref()).map_err(StartupError::Ray)?;
+    Ok(Watcher::new(
+        client,
+        head.gcs_address.clone(),
+        gcs::advertised_address(bound, &head.gcs_address),
+        head.gcs_gone_after,
+        head.parent.gcs.clone(),
+    ))
 }
 
 /// The GCS address of the head `session` belongs to: Ray writes it to

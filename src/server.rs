@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::ServerSettings;
 use crate::proxy::Proxy;
-use crate::ray::RayParent;
+use crate::ray::{self, auth, RayParent};
 use crate::routes::Lookup;
 use crate::supervisor::Supervisor;
 
@@ -63,20 +63,20 @@ pub fn router(state: AppState) -> Router {
         .route("/api/modules/{name}", get(show_module))
         .route("/api/modules/{name}/restart", post(restart_module));
     if let Some(ray) = &state.ray {
-        // Ray's own UI takes `/`; ours stays at `/dashd/`.
-        let ui = &ray.ui_dir;
-        let index = ServeFile::new(ui.join("index.html"));
-        router = router
-            .route_service(
-                "/",
-                tower::ServiceBuilder::new()
-                    .layer(no_store())
-                    .service(index),
-            )
-            .route_service("/favicon.ico", ServeFile::new(ui.join("favicon.ico")))
-            .nest_service("/static", ServeDir::new(ui.join("static")))
-            .route("/timezone", get(ray_timezone))
-            .route("/api/authentication_mode", get(ray_authentication_mode));
+        if let Some(ui) = &ray.ui_dir {
+            // Ray's own UI takes `/`; ours stays at `/dashd/`.
+            let index = ServeFile::new(ui.join("index.html"));
+            router = router
+                .route_service(
+                    "/",
+                    tower::ServiceBuilder::new()
+                        .layer(no_store())
+                        .service(index),
+                )
+                .route_service("/favicon.ico", ServeFile::new(ui.join("favicon.ico")))
+                .nest_service("/static", ServeDir::new(ui.join("static")));
+        }
+        router = router.merge(ray::parent::routes(Arc::clone(ray)));
     }
     router
         .fallback(fallback)
@@ -88,21 +88,6 @@ pub fn router(state: AppState) -> Router {
 /// `Cache-Control: no-store`, as Ray sends its `index.html`.
 fn no_store() -> SetResponseHeaderLayer<HeaderValue> {
     SetResponseHeaderLayer::overriding(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))
-}
-
-async fn ray_timezone(State(state): State<AppState>) -> Response {
-    match &state.ray {
-        Some(ray) => Json(ray.timezone.clone()).into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    }
-}
-
-async fn ray_authentication_mode(State(state): State<AppState>) -> Response {
-    match &state.ray {
-        Some(ray) => Json(serde_json::json!({ "authentication_mode": ray.authentication_mode }))
-            .into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    }
 }
 
 async fn healthz() -> impl IntoResponse {
@@ -261,6 +246,9 @@ pub struct Dispatch {
     /// Refuse writes from browsers, as Ray's dashboard does (on when Ray's
     /// modules are hosted).
     browser_guard: bool,
+    /// Ray's token, when Ray's modules are hosted and its token
+    /// authentication is on: every request but the public ones must bear it.
+    token: Option<auth::Token>,
 }
 
 impl Dispatch {
@@ -270,6 +258,7 @@ impl Dispatch {
         Dispatch {
             proxy: Arc::clone(&state.proxy),
             browser_guard: state.ray.is_some(),
+            token: state.ray.as_ref().and_then(|ray| ray.token.clone()),
             router: router(state),
         }
     }
@@ -282,6 +271,12 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let request = request.map(Body::new);
+        // Ray's order: the token first, then the browser check.
+        if let Some(token) = &self.token {
+            if let Some(refused) = auth::refuse_unauthenticated(token, &request) {
+                return Box::pin(async move { Ok(refused) });
+            }
+        }
         if self.browser_guard {
             if let Some(refused) = refuse_browser_write(&request) {
                 return Box::pin(async move { Ok(refused) });

@@ -409,6 +409,47 @@ async fn forwards_each_clients_calls_to_its_own_server() {
     drop(log_tx);
 }
 
+/// With `RAY_AUTH_MODE=token`, every call must carry the cluster's token,
+/// as with Ray's own proxier.
+#[tokio::test]
+async fn token_mode_refuses_calls_without_the_token() {
+    let (_d, port) = setup(port_block(9, 10))
+        .env("RAY_AUTH_MODE", "token")
+        .env("RAY_AUTH_TOKEN", "proxy-test-token")
+        .start()
+        .await;
+    let channel = channel(port).await;
+    let ping = ClusterInfoRequest {
+        r#type: ClusterInfoType::Ping as i32,
+    };
+    for presented in [None, Some("Bearer wrong-token"), Some("proxy-test-token")] {
+        let mut request = Request::new(ping);
+        if let Some(value) = presented {
+            request
+                .metadata_mut()
+                .insert("authorization", value.parse().expect("ascii"));
+        }
+        let status = RayletDriverClient::new(channel.clone())
+            .cluster_info(request)
+            .await
+            .expect_err("refused");
+        assert_eq!(
+            status.code(),
+            Code::Unauthenticated,
+            "{presented:?}: {status:?}"
+        );
+    }
+    let mut request = Request::new(ping);
+    request.metadata_mut().insert(
+        "authorization",
+        "Bearer proxy-test-token".parse().expect("ascii"),
+    );
+    RayletDriverClient::new(channel.clone())
+        .cluster_info(request)
+        .await
+        .expect("the right token is accepted");
+}
+
 /// The reference's edge answers.
 #[tokio::test]
 async fn answers_edge_cases_like_rays_proxier() {

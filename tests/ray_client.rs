@@ -3,7 +3,9 @@
 //! actor, 12 MiB put/get, a task's print on the client, `env_vars` and
 //! `working_dir` runtime envs, two clients at once with servers of their
 //! own, a dropped connection resumed within the grace period, and the
-//! server gone after `ray.shutdown()`.
+//! server gone after `ray.shutdown()`. The head runs with token auth, so
+//! every call also proves the token reaches the proxy, its GCS calls, the
+//! runtime env agent and the servers; a call without it is refused.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,7 +16,9 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
-use crate::ray_head::{free_port, ray_env, ray_python, run_bounded, text, RayHead, RAY_WAIT};
+use crate::ray_head::{
+    free_port, ray_env, ray_python, run_bounded, text, token, RayHead, RAY_WAIT,
+};
 use crate::support::{bin_dir, client, command_module, dashd, eventually, process_gone, Dashd};
 
 const MODULE: &str = "ray_client_proxy";
@@ -155,7 +159,8 @@ async fn ray_client_works_through_the_proxy() {
         .display()
         .to_string();
     let port_text = client_port.to_string();
-    let first = 23_000 + (std::process::id() % 90) as u16 * 100;
+    // Server ports away from the block the head's own ports come from.
+    let first = 45_000 + (std::process::id() % 40) as u16 * 100;
     let ports = format!("{first}-{}", first + 99);
     let python_text = python.display().to_string();
     let d = dashd()
@@ -179,6 +184,8 @@ async fn ray_client_works_through_the_proxy() {
             .routes(&[("GET", "/api/client_proxy/clients", "http")]),
         )
         .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        .env("RAY_AUTH_MODE", "token")
+        .env("RAY_AUTH_TOKEN", &token())
         .start();
     d.healthy(MODULE, 0).await;
     let spare = eventually(RAY_WAIT, || async {
@@ -192,6 +199,18 @@ async fn ray_client_works_through_the_proxy() {
         d.log()
     );
     let address = format!("127.0.0.1:{client_port}");
+
+    // The head runs with token auth: a call without the token is refused.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let refused = ray_proto::rpc::raylet_driver_client::RayletDriverClient::new(channel)
+        .cluster_info(ray_proto::rpc::ClusterInfoRequest { r#type: 6 })
+        .await
+        .expect_err("a PING without the token is refused");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
 
     let basics = run_driver(&head, &python, &address, "basics");
     assert_eq!(basics["task"], 42, "{basics}");

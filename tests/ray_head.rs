@@ -1,8 +1,9 @@
 //! Against a real Ray head (`ray==2.60.0` from the venv named by
 //! `RAY_DASHD_TEST_RAY_PYTHON`; scripts/test makes it): Ray's own dashboard
 //! modules run under ray-dashd, and Ray's own command-line tools work
-//! through it. The head runs on private ports in a temp dir and is stopped
-//! by pid.
+//! through it. The head runs on private ports in a temp dir, with Ray's
+//! token authentication on (`RAY_AUTH_MODE=token`, a token of its own), and
+//! is stopped by pid.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::{dashd, kill, Dashd};
+use crate::support::{dashd, eventually, kill, process_gone, Dashd};
 
 /// Ray's nine default subprocess modules (2.60).
 const RAY_MODULES: [&str; 9] = [
@@ -29,6 +30,30 @@ const RAY_MODULES: [&str; 9] = [
 ];
 /// Bound on the head's start, the modules' start and each CLI call.
 pub(crate) const RAY_WAIT: Duration = Duration::from_secs(180);
+/// `[ray] gcs_gone_secs` of the test: short, so that the end of the test,
+/// which stops the head, is not long; long enough that a GCS slowed down by
+/// a busy machine is not taken for gone.
+const GCS_GONE_SECS: u64 = 6;
+
+/// The cluster's token: Ray's CLI, the head and ray-dashd all get it.
+pub(crate) fn token() -> String {
+    format!("dashd-test-token-{}", std::process::id())
+}
+
+/// A client that presents the cluster's token.
+fn authed() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {}", token()).parse().expect("header value"),
+    );
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .default_headers(headers)
+        .build()
+        .expect("reqwest client")
+}
 
 pub(crate) fn ray_python() -> Option<PathBuf> {
     match std::env::var_os("RAY_DASHD_TEST_RAY_PYTHON") {
@@ -52,8 +77,12 @@ pub(crate) fn free_port() -> u16 {
 
 /// `n` consecutive free ports below the kernel's ephemeral range (32768 and
 /// up), so that no outgoing connection of Ray's takes one before Ray binds it.
+/// Each call starts its search at another block, so that two heads of one
+/// test run never pick the same block before either has bound it.
 fn free_port_block(n: u16) -> u16 {
-    let start = 20_000 + (std::process::id() % 100) as u16 * 100;
+    static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let start = 20_000 + ((std::process::id() % 100) as u16 + call * 7) % 100 * 100;
     (0..100u16)
         .map(|i| 20_000 + (start - 20_000 + i * 100) % 12_000)
         .find(|base| (*base..*base + n).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()))
@@ -154,8 +183,9 @@ impl RayHead {
     }
 }
 
-impl Drop for RayHead {
-    fn drop(&mut self) {
+impl RayHead {
+    /// Stops `ray start --block` and what it started (its process group).
+    fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -169,6 +199,12 @@ impl Drop for RayHead {
         let _ = nix::sys::signal::killpg(group, Signal::SIGKILL);
         let _ = child.kill();
         let _ = child.wait();
+    }
+}
+
+impl Drop for RayHead {
+    fn drop(&mut self) {
+        self.stop();
         // Whatever left the group still names our temp dir in its command line.
         for pid in pids_mentioning(self.temp.path()) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
@@ -194,7 +230,8 @@ fn pids_mentioning(path: &Path) -> Vec<i32> {
 }
 
 /// What every Ray process of the test needs: loopback-only addresses, the
-/// venv first on PATH (a job's `python` is the venv's), no usage reports.
+/// venv first on PATH (a job's `python` is the venv's), no usage reports,
+/// the cluster's token.
 pub(crate) fn ray_env(command: &mut Command, bin: &Path) {
     let path = format!(
         "{}:{}",
@@ -205,6 +242,8 @@ pub(crate) fn ray_env(command: &mut Command, bin: &Path) {
         .env("PATH", path)
         .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         .env("RAY_USAGE_STATS_ENABLED", "0")
+        .env("RAY_AUTH_MODE", "token")
+        .env("RAY_AUTH_TOKEN", token())
         .env("DASHBOARD_METRIC_PORT", free_port().to_string());
 }
 
@@ -241,7 +280,7 @@ pub(crate) fn text(output: &Output) -> String {
 async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
     let deadline = Instant::now() + RAY_WAIT;
     loop {
-        let modules: Vec<Value> = crate::support::client()
+        let modules: Vec<Value> = authed()
             .get(d.url("/api/modules"))
             .send()
             .await
@@ -266,29 +305,53 @@ async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
     }
 }
 
-/// On a head started with `--include-dashboard=false`, ray-dashd hosts Ray's
+/// On a head started with `--include-dashboard=false` (and Ray's token
+/// authentication on), ray-dashd hosts Ray's
 /// nine modules; `ray job submit` (whose log tail is the websocket route, and
 /// with `--working-dir` the package upload), `ray job logs --follow` of a
 /// running job, `ray job list`, `ray summary
 /// tasks`, `ray list nodes` and `ray logs` (found through the GCS key
-/// ray-dashd writes) work through it; a killed JobHead comes back and
-/// the jobs submitted before are still listed.
+/// ray-dashd writes) work through it, with the token; a killed JobHead
+/// comes back and the jobs submitted before are still listed. The host
+/// answers what Ray's parent answers itself, checks the token as Ray does,
+/// answers `/api/gcs_healthz` from its own GCS check while ReportHead is
+/// frozen, and when the head is stopped, reports the GCS down and exits 3
+/// with its modules stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ray_cli_works_through_ray_dashd() {
     let Some(python) = ray_python() else { return };
     let head = RayHead::start(&python);
-    let d = dashd()
+    let mut d = dashd()
         .session_dir(&head.session())
         .toml(&format!(
-            "[ray]\nmodules = \"on\"\npython = {}\nclient_port = {}\n",
+            "[ray]\nmodules = \"on\"\npython = {}\ngcs_gone_secs = {GCS_GONE_SECS}\nclient_port = {}\n",
             serde_json::to_string(&python.display().to_string()).expect("json"),
             free_port()
         ))
         .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        .env("RAY_USAGE_STATS_ENABLED", "0")
+        .env("RAY_AUTH_MODE", "token")
+        .env("RAY_AUTH_TOKEN", &token())
         .start();
     all_ray_modules_healthy(&d).await;
     // With Ray's modules comes the Ray Client proxy.
-    d.healthy("ray_client_proxy", 0).await;
+    let proxy_healthy = crate::support::eventually(RAY_WAIT, || async {
+        let module: Value = authed()
+            .get(d.url("/api/modules/ray_client_proxy"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (module["state"] == "healthy").then_some(())
+    })
+    .await;
+    assert!(
+        proxy_healthy.is_some(),
+        "the Ray Client proxy module is not healthy:\n{}",
+        d.log()
+    );
     let address = d.url("");
 
     let submitted = head.cli(&[
@@ -391,8 +454,10 @@ async fn ray_cli_works_through_ray_dashd() {
 
     // What Ray's dashboard parent serves itself: its web UI at `/` (ours
     // moves to `/dashd/`), the UI's files, the time zone, the auth mode.
-    let client = crate::support::client();
-    let index = client.get(d.url("/")).send().await.expect("index");
+    // The UI's page and files are public; the rest needs the token.
+    let public = crate::support::client();
+    let client = authed();
+    let index = public.get(d.url("/")).send().await.expect("index");
     assert_eq!(index.status(), 200);
     let index = index.text().await.expect("index body");
     assert!(
@@ -405,7 +470,7 @@ async fn ray_cli_works_through_ray_dashd() {
         .nth(1)
         .and_then(|rest| rest.split('"').next())
         .expect("a script in Ray's index.html");
-    let asset = client
+    let asset = public
         .get(d.url(&format!("/{script}")))
         .send()
         .await
@@ -433,7 +498,7 @@ async fn ray_cli_works_through_ray_dashd() {
         timezone["offset"].is_string() && timezone["value"].is_string(),
         "{timezone}"
     );
-    let auth: Value = client
+    let auth: Value = public
         .get(d.url("/api/authentication_mode"))
         .send()
         .await
@@ -441,7 +506,7 @@ async fn ray_cli_works_through_ray_dashd() {
         .json()
         .await
         .expect("json");
-    assert_eq!(auth["authentication_mode"], "disabled");
+    assert_eq!(auth["authentication_mode"], "token");
     // Writes that look like a browser's are refused, as Ray refuses them.
     let browser_post = client
         .post(d.url("/api/jobs/"))
@@ -459,10 +524,170 @@ async fn ray_cli_works_through_ray_dashd() {
         .expect("browser get");
     assert_eq!(browser_get.status(), 200);
 
-    let job_head = d.module("JobHead").await;
+    // The token, as Ray's parent checks it: module routes, the host's own
+    // and Ray's parent routes alike; 401 without one, 403 with a wrong one.
+    for path in ["/api/version", "/api/modules", "/cluster_id"] {
+        let bare = public.get(d.url(path)).send().await.expect("bare");
+        assert_eq!(bare.status(), 401, "{path}");
+        assert_eq!(
+            bare.text().await.expect("body"),
+            "Unauthorized: Missing authentication token"
+        );
+        let wrong = public
+            .get(d.url(path))
+            .header("authorization", "Bearer not-the-token")
+            .send()
+            .await
+            .expect("wrong");
+        assert_eq!(wrong.status(), 403, "{path}");
+    }
+    // The UI's login: a valid token becomes the cookie, and the cookie passes.
+    let login = public
+        .post(d.url("/api/authenticate"))
+        .header("authorization", format!("Bearer {}", token()))
+        .header("user-agent", "Mozilla/5.0 (X11; Linux x86_64)")
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(login.status(), 200);
+    let cookie = login.headers()["set-cookie"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert!(
+        cookie.starts_with(&format!("ray-authentication-token={};", token()))
+            && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
+    let version: Value = public
+        .get(d.url("/api/version"))
+        .header("cookie", format!("ray-authentication-token={}", token()))
+        .send()
+        .await
+        .expect("version")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(version["ray_version"], "2.60.0");
+
+    // Ray's parent routes: usage stats as Ray's helpers see them in
+    // ray-dashd's environment, the cluster id from the GCS.
+    let usage: Value = client
+        .get(d.url("/usage_stats_enabled"))
+        .send()
+        .await
+        .expect("usage")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(usage["result"], true);
+    assert_eq!(usage["data"]["usageStatsEnabled"], false, "{usage}");
+    let cluster: Value = client
+        .get(d.url("/cluster_id"))
+        .send()
+        .await
+        .expect("cluster id")
+        .json()
+        .await
+        .expect("json");
+    let cluster_id = cluster["data"]["clusterId"].as_str().unwrap_or_default();
+    assert!(
+        cluster_id.len() == 56 && cluster_id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{cluster}"
+    );
+
+    // `/api/gcs_healthz` is the host's (ReportHead no longer claims it) and
+    // answers from the cached check even while ReportHead is frozen
+    // (ray#63574: a blocked module must not fail the head's liveness probe).
+    let report_head = module(&d, "ReportHead").await;
+    assert!(
+        !report_head["routes"]
+            .as_array()
+            .expect("routes")
+            .iter()
+            .any(|r| r["path"] == "/api/gcs_healthz"),
+        "{report_head}"
+    );
+    let report_pid = report_head["pid"].as_u64().expect("pid");
+    kill(report_pid, Signal::SIGSTOP);
+    let health = public
+        .get(d.url("/api/gcs_healthz"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await;
+    kill(report_pid, Signal::SIGCONT);
+    let health = health.expect("gcs_healthz within 2 s");
+    assert_eq!(health.status(), 200);
+    assert_eq!(
+        health.headers()["content-type"],
+        "application/text; charset=utf-8"
+    );
+    assert_eq!(health.text().await.expect("body"), "success");
+
+    let job_head = module(&d, "JobHead").await;
     kill(job_head["pid"].as_u64().expect("pid"), Signal::SIGKILL);
-    d.healthy("JobHead", 1).await;
+    wait_healthy(&d, "JobHead", 1).await;
     let listed = head.cli(&["job", "list", "--address", &address]);
     assert!(listed.status.success(), "{}", text(&listed));
     assert!(text(&listed).contains(&id), "{id} not in {}", text(&listed));
+
+    // The head stops (as with `ray stop`): the GCS is reported down at once,
+    // and after `gcs_gone_secs` ray-dashd stops its modules and exits 3.
+    let pids: Vec<u64> = all_ray_modules_healthy(&d)
+        .await
+        .iter()
+        .filter_map(|m| m["pid"].as_u64())
+        .collect();
+    let mut head = head;
+    let stopping = tokio::task::spawn_blocking(move || {
+        head.stop();
+        head
+    });
+    let down = eventually(RAY_WAIT, || async {
+        let response = public.get(d.url("/api/gcs_healthz")).send().await.ok()?;
+        if response.status() != 503 {
+            return None;
+        }
+        response.text().await.ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("GCS never reported down; log:\n{}", d.log()));
+    assert!(down.starts_with("503: Health check failed: "), "{down}");
+    let exit = d.wait_exit(Duration::from_secs(GCS_GONE_SECS) + RAY_WAIT);
+    assert_eq!(exit.code(), Some(3), "{exit:?}\nlog:\n{}", d.log());
+    assert!(d.log().contains("the Ray head is gone"), "{}", d.log());
+    for pid in pids {
+        let gone = eventually(RAY_WAIT, || async {
+            process_gone(pid as u32).then_some(())
+        })
+        .await;
+        assert!(gone.is_some(), "module process {pid} outlived ray-dashd");
+    }
+    drop(stopping.await.expect("head stopped"));
+}
+
+/// `GET /api/modules/<name>`, with the token.
+async fn module(d: &Dashd, name: &str) -> Value {
+    authed()
+        .get(d.url(&format!("/api/modules/{name}")))
+        .send()
+        .await
+        .expect("GET /api/modules/<name>")
+        .json()
+        .await
+        .expect("module json")
+}
+
+/// Waits until module `name` is healthy with at least `incarnation`.
+async fn wait_healthy(d: &Dashd, name: &str, incarnation: u64) {
+    let healthy = eventually(RAY_WAIT, || async {
+        let m = module(d, name).await;
+        (m["state"] == "healthy" && m["incarnation"].as_u64() >= Some(incarnation)).then_some(())
+    })
+    .await;
+    assert!(
+        healthy.is_some(),
+        "{name} not healthy at incarnation {incarnation}; log:\n{}",
+        d.log()
+    );
 }

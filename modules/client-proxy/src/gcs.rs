@@ -12,8 +12,11 @@ use ray_proto::rpc::{
     GcsStatus, GetAllNodeInfoRequest, InternalKvDelRequest, InternalKvExistsRequest,
     InternalKvGetRequest, InternalKvKeysRequest, InternalKvPutRequest, PinRuntimeEnvUriRequest,
 };
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Status};
+use tonic::{Code, Request, Status};
+
+use crate::auth::{Token, AUTHORIZATION};
 
 /// Ray's status code for a key that is not there (`StatusCode::NotFound`).
 const GCS_NOT_FOUND: i32 = 17;
@@ -25,11 +28,16 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Gcs {
     address: String,
     channel: Channel,
+    bearer: Option<MetadataValue<Ascii>>,
 }
 
 impl Gcs {
     /// A client of the GCS at `address` (`host:port`); connects on first use.
-    pub fn new(address: &str) -> Result<Gcs, String> {
+    pub fn new(address: &str, token: Option<&Token>) -> Result<Gcs, String> {
+        let bearer = token
+            .map(|t| t.bearer().parse::<MetadataValue<Ascii>>())
+            .transpose()
+            .map_err(|_| "the auth token is not valid in gRPC metadata".to_owned())?;
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| format!("bad GCS address {address:?}: {e}"))?
             .connect_timeout(Duration::from_secs(5))
@@ -37,12 +45,22 @@ impl Gcs {
         Ok(Gcs {
             address: address.to_owned(),
             channel: endpoint.connect_lazy(),
+            bearer,
         })
     }
 
     /// The address.
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// `message` as a request, with the token when there is one.
+    fn req<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(bearer) = &self.bearer {
+            request.metadata_mut().insert(AUTHORIZATION, bearer.clone());
+        }
+        request
     }
 
     fn kv(&self) -> InternalKvGcsServiceClient<Channel> {
@@ -57,7 +75,7 @@ impl Gcs {
     ) -> Result<Option<Vec<u8>>, Status> {
         let reply = self
             .kv()
-            .internal_kv_get(InternalKvGetRequest { key, namespace })
+            .internal_kv_get(self.req(InternalKvGetRequest { key, namespace }))
             .await?
             .into_inner();
         match reply.status {
@@ -79,12 +97,12 @@ impl Gcs {
     ) -> Result<bool, Status> {
         let reply = self
             .kv()
-            .internal_kv_put(InternalKvPutRequest {
+            .internal_kv_put(self.req(InternalKvPutRequest {
                 key,
                 value,
                 overwrite,
                 namespace,
-            })
+            }))
             .await?
             .into_inner();
         check(reply.status)?;
@@ -95,7 +113,7 @@ impl Gcs {
     pub async fn kv_exists(&self, namespace: Vec<u8>, key: Vec<u8>) -> Result<bool, Status> {
         let reply = self
             .kv()
-            .internal_kv_exists(InternalKvExistsRequest { key, namespace })
+            .internal_kv_exists(self.req(InternalKvExistsRequest { key, namespace }))
             .await?
             .into_inner();
         check(reply.status)?;
@@ -110,7 +128,7 @@ impl Gcs {
     ) -> Result<Vec<Vec<u8>>, Status> {
         let reply = self
             .kv()
-            .internal_kv_keys(InternalKvKeysRequest { prefix, namespace })
+            .internal_kv_keys(self.req(InternalKvKeysRequest { prefix, namespace }))
             .await?
             .into_inner();
         check(reply.status)?;
@@ -126,11 +144,11 @@ impl Gcs {
     ) -> Result<i32, Status> {
         let reply = self
             .kv()
-            .internal_kv_del(InternalKvDelRequest {
+            .internal_kv_del(self.req(InternalKvDelRequest {
                 key,
                 namespace,
                 del_by_prefix: by_prefix,
-            })
+            }))
             .await?
             .into_inner();
         check(reply.status)?;
@@ -140,7 +158,7 @@ impl Gcs {
     /// Keeps the package at `uri` from being deleted for `expiration_s`.
     pub async fn pin_runtime_env_uri(&self, uri: String, expiration_s: i32) -> Result<(), Status> {
         let reply = RuntimeEnvGcsServiceClient::new(self.channel.clone())
-            .pin_runtime_env_uri(PinRuntimeEnvUriRequest { uri, expiration_s })
+            .pin_runtime_env_uri(self.req(PinRuntimeEnvUriRequest { uri, expiration_s }))
             .await?
             .into_inner();
         check(reply.status)
@@ -149,12 +167,12 @@ impl Gcs {
     /// `http://<ip>:<port>` of the head node's runtime env agent.
     pub async fn head_runtime_env_agent(&self) -> Result<String, Status> {
         let reply = NodeInfoGcsServiceClient::new(self.channel.clone())
-            .get_all_node_info(GetAllNodeInfoRequest {
+            .get_all_node_info(self.req(GetAllNodeInfoRequest {
                 node_selectors: vec![NodeSelector {
                     node_selector: Some(node_selector::NodeSelector::IsHeadNode(true)),
                 }],
                 ..Default::default()
-            })
+            }))
             .await?
             .into_inner();
         check(reply.status)?;

@@ -32,6 +32,7 @@ use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
+use crate::auth;
 use crate::codec::{RawCodec, MAX_MESSAGE_BYTES};
 use crate::proxy::{Client, ClientError, Proxy};
 use crate::servers::SpecificServer;
@@ -113,6 +114,16 @@ impl<const KIND: u8> tower::Service<http::Request<Body>> for Service<KIND> {
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let proxy = self.proxy.clone();
         let path = request.uri().path().to_owned();
+        if let Some(token) = &proxy.settings.token {
+            let presented = request
+                .headers()
+                .get(auth::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            if !token.accepts(presented) {
+                let refused = Status::unauthenticated(auth::UNAUTHENTICATED).into_http();
+                return Box::pin(async move { Ok(refused) });
+            }
+        }
         Box::pin(async move {
             let call = Call {
                 proxy,

@@ -14,6 +14,7 @@
 //! [`wire`] reads the few messages the proxy must look into.
 
 pub mod args;
+pub mod auth;
 pub mod codec;
 pub mod gcs;
 pub mod grpc;
@@ -68,9 +69,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(address) => info!(gcs = %address, "using the GCS"),
         None => warn!("no GCS known (--gcs-address, or a Ray session): KV calls before a client's server exists will fail"),
     }
+    let token = auth::token_from_env().map_err(anyhow::Error::msg)?;
+    if token.is_some() {
+        info!("token authentication is on (RAY_AUTH_MODE=token)");
+    }
     let gcs = gcs_address
         .as_deref()
-        .map(Gcs::new)
+        .map(|address| Gcs::new(address, token.as_ref()))
         .transpose()
         .map_err(anyhow::Error::msg)?;
 
@@ -110,11 +115,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         logstream_tries: 5,
         logstream_pause: Duration::from_secs(2),
         first_message_timeout: Duration::from_secs(30),
+        token: token.clone(),
     };
     let envs = RuntimeEnvs::new(
         args.python.clone(),
         gcs.clone(),
         args.runtime_env_agent_address.clone(),
+        token,
     );
     let proxy = Proxy::new(settings, launcher, gcs, envs);
     proxy.refill_spare();

@@ -29,6 +29,8 @@ pub struct Settings {
     pub logstream_pause: Duration,
     /// Longest wait for a new client's first message.
     pub first_message_timeout: Duration,
+    /// The cluster's token, when calls must carry it.
+    pub token: Option<crate::auth::Token>,
 }
 
 /// Where a client's server is.

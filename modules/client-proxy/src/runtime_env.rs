@@ -22,6 +22,7 @@ use tokio::process::Command;
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
+use crate::auth::Token;
 use crate::gcs::Gcs;
 
 const JOB_CONFIG_HELPER: &str = include_str!("../python/job_config.py");
@@ -82,12 +83,18 @@ pub struct RuntimeEnvs {
     gcs: Option<Gcs>,
     agent: OnceCell<String>,
     http: reqwest::Client,
+    token: Option<Token>,
 }
 
 impl RuntimeEnvs {
     /// Uses `python` for the helper, and `agent` as the runtime env agent's
     /// URL (or asks `gcs` for the head's agent on first use).
-    pub fn new(python: String, gcs: Option<Gcs>, agent: Option<String>) -> RuntimeEnvs {
+    pub fn new(
+        python: String,
+        gcs: Option<Gcs>,
+        agent: Option<String>,
+        token: Option<Token>,
+    ) -> RuntimeEnvs {
         let cell = OnceCell::new();
         if let Some(agent) = agent {
             let _ = cell.set(agent);
@@ -100,6 +107,7 @@ impl RuntimeEnvs {
                 .timeout(Duration::from_secs(600))
                 .build()
                 .expect("UNWRAP: a plain HTTP client builds"),
+            token,
         }
     }
 
@@ -187,13 +195,15 @@ impl RuntimeEnvs {
         let mut pause = AGENT_FIRST_PAUSE;
         let mut last_error = String::new();
         for attempt in 1..=AGENT_ATTEMPTS {
-            let sent = self
+            let mut post = self
                 .http
                 .post(&url)
                 .header(http::header::CONTENT_TYPE, "application/octet-stream")
-                .body(body.clone())
-                .send()
-                .await;
+                .body(body.clone());
+            if let Some(token) = &self.token {
+                post = post.header(http::header::AUTHORIZATION, token.bearer());
+            }
+            let sent = post.send().await;
             match sent {
                 Ok(response) if response.status().is_success() => {
                     let bytes = response

@@ -608,6 +608,17 @@ async fn failed_server_start_is_reported_in_the_init_answer() {
     assert!(text.contains("failing on purpose"), "{text}");
     let view = clients_view(&d).await;
     assert_eq!(view["ports_in_use"], 0, "{view}");
+    // Nothing to resume: the client is forgotten without its grace period.
+    drop(c);
+    let forgotten = eventually(WAIT, || async {
+        (clients_view(&d).await["num_clients"] == 0).then_some(())
+    })
+    .await;
+    assert!(
+        forgotten.is_some(),
+        "a client without a server kept: {}",
+        clients_view(&d).await
+    );
 }
 
 /// What the fake GCS saw.

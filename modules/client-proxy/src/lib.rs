@@ -140,9 +140,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         listening,
     });
     let served = ray_dashd_sdk::serve_router_until(&env, router, shutdown).await;
+    // The host allows a module a short grace before SIGKILL: stop the servers
+    // first (all at once), then the client port.
     stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), grpc_task).await;
     proxy.stop_all().await;
+    grpc_task.abort();
     served?;
     Ok(())
 }

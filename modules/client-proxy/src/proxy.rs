@@ -166,8 +166,10 @@ struct Spare {
     failures: u32,
 }
 
-/// Spare starts that may fail in a row before warming stops.
+/// Spare starts that may fail in a row before warming pauses.
 const SPARE_MAX_FAILURES: u32 = 3;
+/// How long warming pauses then.
+const SPARE_RETRY: Duration = Duration::from_secs(30);
 
 impl Proxy {
     /// A proxy with no clients.
@@ -451,6 +453,20 @@ impl Proxy {
                 Err(e) => {
                     spare.failures += 1;
                     warn!(error = %e, failures = spare.failures, "cannot start a spare Ray client server");
+                    if spare.failures >= SPARE_MAX_FAILURES {
+                        // Try again later (the head may be back by then).
+                        drop(spare);
+                        let proxy = proxy.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(SPARE_RETRY).await;
+                            proxy
+                                .spare
+                                .lock()
+                                .expect("UNWRAP: spare lock poisoned")
+                                .failures = 0;
+                            proxy.refill_spare();
+                        });
+                    }
                 }
             }
         });
@@ -466,7 +482,9 @@ impl Proxy {
                 return;
             }
             state.attached = false;
-            (state.cleanup, state.grace)
+            // A client whose server could not be had has nothing to resume.
+            let failed = matches!(client.slot(), Slot::Failed(_));
+            (state.cleanup || failed, state.grace)
         };
         let proxy = self.clone();
         tokio::spawn(async move {

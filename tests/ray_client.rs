@@ -257,7 +257,7 @@ async fn ray_client_works_through_the_proxy() {
         .expect("json");
         assert_eq!(result["task"], 10);
         assert_eq!(
-            result["num_clients"], 2,
+            result["num_clients_now"], 2,
             "num_clients is the proxy's count: {result}"
         );
     }

@@ -264,12 +264,26 @@ pub(crate) fn render(args: &RayReportArgs) -> anyhow::Result<String> {
     // its modules may still be starting.
     let routes_first = r.median("startup", "dashd", None, None, "routes_ms");
     let modules = r.median("startup", "dashd", None, None, "modules_ms");
+    let first_started = r.median("startup", "dashd", None, None, "first_module_started_ms");
     if let (Some(routes), Some(modules)) = (routes_first, modules) {
         let _ = writeln!(
             out,
-            "- ray-dashd start-up, medians: every route above 200 after {}, all modules healthy after {}",
+            "- ray-dashd start-up, medians: first module process started after {} \
+             (ray-dashd reads Ray's route table first), every route above 200 after {}, \
+             all modules healthy after {}",
+            show(first_started, Unit::MsAsS),
             show(Some(routes), Unit::MsAsS),
             show(Some(modules), Unit::MsAsS)
+        );
+    }
+    let restarts: f64 = r
+        .values("startup", "dashd", None, None, "module_restarts")
+        .iter()
+        .sum();
+    if restarts > 0.0 {
+        let _ = writeln!(
+            out,
+            "- ray-dashd restarted a module {restarts:.0} time(s) during start-up, over all rounds"
         );
     }
 

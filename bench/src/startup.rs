@@ -34,9 +34,18 @@ fn ms_since(since: f64) -> f64 {
     (now - since) * 1000.0
 }
 
+/// What `/api/modules` said once every module was healthy.
+#[derive(Debug, Clone, Copy)]
+struct ModulesReady {
+    /// The earliest module start, in ms since the epoch.
+    first_started_at_ms: Option<f64>,
+    /// Restarts of all modules together.
+    restarts: u64,
+}
+
 /// Whether `/api/modules` lists at least `min` modules, all healthy; or
 /// what is not yet.
-async fn modules_ready(target: &Target, min: usize) -> Result<(), String> {
+async fn modules_ready(target: &Target, min: usize) -> Result<ModulesReady, String> {
     let (status, body) = net::get_once(target, "/api/modules")
         .await
         .map_err(|e| format!("{e:#}"))?;
@@ -56,17 +65,25 @@ async fn modules_ready(target: &Target, min: usize) -> Result<(), String> {
     if !not_healthy.is_empty() {
         return Err(format!("not healthy: {}", not_healthy.join(", ")));
     }
-    Ok(())
+    Ok(ModulesReady {
+        first_started_at_ms: list
+            .iter()
+            .filter_map(|m| m["started_at_ms"].as_f64())
+            .reduce(f64::min),
+        restarts: list.iter().filter_map(|m| m["restarts"].as_u64()).sum(),
+    })
 }
 
 /// Polls until everything in the plan is ready:
-/// `{ready_ms, routes_ms, paths_ms: {path: ms}, modules_ms, polls}`, where
-/// `routes_ms` is the last route's first 200 and `ready_ms` the later of
-/// that and `modules_ms`.
+/// `{ready_ms, routes_ms, paths_ms: {path: ms}, modules_ms,
+/// first_module_started_ms, module_restarts, polls}`, where `routes_ms` is
+/// the last route's first 200 and `ready_ms` the later of that and
+/// `modules_ms`.
 pub(crate) async fn run(plan: Plan) -> anyhow::Result<serde_json::Value> {
     let deadline = Instant::now() + plan.timeout;
     let mut paths_ms: BTreeMap<&str, f64> = BTreeMap::new();
     let mut modules_ms: Option<f64> = None;
+    let mut modules: Option<ModulesReady> = None;
     let mut last = String::from("no answer yet");
     let mut polls = 0u64;
     loop {
@@ -85,7 +102,10 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<serde_json::Value> {
         }
         if let (Some(min), None) = (plan.modules, modules_ms) {
             match modules_ready(&plan.target, min).await {
-                Ok(()) => modules_ms = Some(ms_since(plan.since)),
+                Ok(ready) => {
+                    modules_ms = Some(ms_since(plan.since));
+                    modules = Some(ready);
+                }
                 Err(e) => last = e,
             }
         }
@@ -109,6 +129,11 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<serde_json::Value> {
         "routes_ms": routes_ms,
         "paths_ms": paths_ms,
         "modules_ms": modules_ms,
+        // How long the host took before it started its first module.
+        "first_module_started_ms": modules
+            .and_then(|m| m.first_started_at_ms)
+            .map(|at| at - plan.since * 1000.0),
+        "module_restarts": modules.map(|m| m.restarts),
         "polls": polls,
     }))
 }

@@ -3,7 +3,10 @@
 //! Every measuring subcommand prints one JSON line on stdout; `run.sh` tags
 //! those lines and `report` turns them into the Markdown table. The same
 //! binary drives every column (a backend's Unix socket, ray-dashd, nginx),
-//! so the client's own cost is identical in all of them.
+//! so the client's own cost is identical in all of them. `ray_dashboard.sh`
+//! uses it too, against Ray's own dashboard and ray-dashd on one Ray head,
+//! with the process-tree subcommands (`find-descendant`, `tree-mem`,
+//! `stop-tree`), `startup` and `ray-report`.
 //!
 //! # Runtime
 //!
@@ -22,7 +25,10 @@ mod http_load;
 mod killtest;
 mod net;
 mod procfs;
+mod proctree;
+mod ray_report;
 mod report;
+mod startup;
 mod stream;
 mod ws;
 
@@ -71,6 +77,20 @@ enum Command {
     Rss(RssArgs),
     /// Render the tagged results of a run as a Markdown table.
     Report(report::ReportArgs),
+    /// Time from a launch until routes answer 200 (and, for ray-dashd, all
+    /// modules are healthy): {ready_ms, routes_ms, paths_ms, modules_ms}.
+    Startup(StartupArgs),
+    /// The first descendant of a process whose command line contains a
+    /// string: {pid, cmdline}.
+    FindDescendant(FindDescendantArgs),
+    /// PSS, RSS and USS of a process and of its whole tree, from
+    /// /proc/<pid>/smaps_rollup: {parent_pss_kib, total_pss_kib, ...}.
+    TreeMem(TreePidArgs),
+    /// Stop a process and every process below it, by pid (SIGTERM to the
+    /// root, then to the rest, then SIGKILL): {processes, ms, sigkilled}.
+    StopTree(StopTreeArgs),
+    /// Render the results of ray_dashboard.sh as a Markdown table.
+    RayReport(ray_report::RayReportArgs),
 }
 
 /// Where to send load, as `unix:/path/to.sock` or `tcp:127.0.0.1:PORT`.
@@ -198,6 +218,54 @@ struct RssArgs {
     pids: Vec<u32>,
 }
 
+#[derive(Debug, Args)]
+struct StartupArgs {
+    /// ray-dashd or Ray's dashboard, `tcp:127.0.0.1:PORT`.
+    #[arg(long)]
+    target: Target,
+    /// A route that must answer 200 (repeat the flag for more).
+    #[arg(long = "path", required = true)]
+    paths: Vec<String>,
+    /// Also wait until ray-dashd's /api/modules lists at least this many
+    /// modules, all healthy.
+    #[arg(long)]
+    modules: Option<usize>,
+    /// The launch, in seconds since the Unix epoch (bash: $EPOCHREALTIME).
+    #[arg(long)]
+    since: f64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 180.0)]
+    timeout: f64,
+}
+
+#[derive(Debug, Args)]
+struct FindDescendantArgs {
+    /// The process whose descendants are searched (itself excluded).
+    #[arg(long)]
+    pid: u32,
+    /// A string the command line (arguments joined by spaces) must contain.
+    #[arg(long)]
+    cmdline_contains: String,
+}
+
+#[derive(Debug, Args)]
+struct TreePidArgs {
+    /// The root of the tree.
+    #[arg(long)]
+    pid: u32,
+}
+
+#[derive(Debug, Args)]
+struct StopTreeArgs {
+    /// The root of the tree.
+    #[arg(long)]
+    pid: u32,
+    /// Seconds each step (SIGTERM to the root, SIGTERM to the rest, SIGKILL)
+    /// waits for the processes to exit.
+    #[arg(long, default_value_t = 10.0)]
+    grace: f64,
+}
+
 fn secs(value: f64, what: &str) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(value)
         .map_err(|_| anyhow::anyhow!("{what} must be a non-negative number of seconds"))
@@ -288,6 +356,23 @@ async fn run(command: Command) -> anyhow::Result<String> {
         }
         Command::Rss(a) => procfs::rss_json(&a.pids)?,
         Command::Report(a) => return report::render(&a),
+        Command::Startup(a) => {
+            startup::run(startup::Plan {
+                target: a.target,
+                paths: a.paths,
+                modules: a.modules,
+                since: a.since,
+                timeout: secs(a.timeout, "--timeout")?,
+            })
+            .await?
+        }
+        Command::FindDescendant(a) => proctree::find_descendant(a.pid, &a.cmdline_contains)?,
+        Command::TreeMem(a) => proctree::tree_mem(a.pid)?,
+        Command::StopTree(a) => {
+            let grace = secs(a.grace, "--grace")?;
+            tokio::task::spawn_blocking(move || proctree::stop_tree(a.pid, grace)).await??
+        }
+        Command::RayReport(a) => return ray_report::render(&a),
     };
     Ok(value.to_string())
 }

@@ -229,6 +229,9 @@ host = "127.0.0.1"
 [ray]
 modules = "on"
 python = "$PY"
+# Ray's dashboard has no client proxy (Ray's own runs beside it, started by
+# \`ray start\`): leave ray-dashd's out of this comparison.
+client_port = 0
 $DASHD_TOML
 EOF
 
@@ -328,7 +331,7 @@ DIRTY=$(cd "$ROOT" && git status --porcelain --untracked-files=no 2>/dev/null | 
     echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV$DIRTY, Ray $RAY_VERSION ($PY)"
     echo "- one Ray head (\`ray start --head --include-dashboard=true\`, private ports, its own temp dir), $JOBS job(s) submitted first; the two dashboards take turns on it, never both at once, $ROUNDS round(s) (Ray's, then ray-dashd); medians shown"
     echo "- Ray's dashboard: \`dashboard.py\`, relaunched each round with the command line, environment and working directory \`ray start\` gave it"
-    echo "- ray-dashd: release build, \`[ray] modules = \"on\"\`, Ray's nine modules only (not its own example and logs modules)${DASHD_TOML:+; extra config: $(tr '\n' ' ' <<<"$DASHD_TOML")}${DASHD_ENV:+; extra environment: $DASHD_ENV}"
+    echo "- ray-dashd: release build, \`[ray] modules = \"on\"\`, Ray's nine modules only (not its own example and logs modules, nor its Ray Client proxy: \`client_port = 0\`)${DASHD_TOML:+; extra config: $(tr '\n' ' ' <<<"$DASHD_TOML")}${DASHD_ENV:+; extra environment: $DASHD_ENV}"
     echo "- load: ray-dashd-bench, closed loop, HTTP/1.1 keep-alive, ${DURATION} s measured after ${WARMUP} s warm-up per point, connections: $CONNS"
     echo "- start-up: from the launch of the parent until every route in the table answers 200 and every module is ready (Ray's parent opens its port only once all its modules are ready; ray-dashd: \`/api/modules\` lists $MODULES healthy modules); polled every 20 ms"
     echo "- memory: PSS from \`/proc/<pid>/smaps_rollup\`; parent = the dashboard process; total = it and every process below it (Ray: its forkserver and module processes; ray-dashd: its module processes and helpers)"

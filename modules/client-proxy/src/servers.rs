@@ -518,6 +518,43 @@ mod tests {
     }
 
     #[test]
+    fn leftovers_of_an_earlier_run_are_stopped_and_reused_pids_spared() {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("servers");
+        let mut leftover = std::process::Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = leftover.id();
+        {
+            let earlier = PidFile::new(Some(path.clone()));
+            earlier.add(pid);
+            earlier.add(std::process::id());
+        }
+        // Our own pid, listed with another start time, stands for a reused pid.
+        let text = std::fs::read_to_string(&path).unwrap().replace(
+            &format!(
+                "{} {}",
+                std::process::id(),
+                start_time(std::process::id()).unwrap()
+            ),
+            &format!("{} 1", std::process::id()),
+        );
+        std::fs::write(&path, text).unwrap();
+        let stopped = PidFile::new(Some(path.clone())).stop_leftovers();
+        assert_eq!(stopped, 1);
+        let status = leftover.wait().unwrap();
+        assert!(!status.success(), "the leftover was not killed: {status}");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "",
+            "the file still lists pids"
+        );
+    }
+
+    #[test]
     fn start_time_reads_our_own_process() {
         assert!(start_time(std::process::id()).is_some());
         assert_eq!(start_time(u32::MAX), None);

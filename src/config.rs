@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use crate::cli::Cli;
 use crate::error::ConfigError;
-use crate::ray::{RayModules, RaySettings};
+use crate::ray::{RayLaunch, RayModules, RaySettings};
 
 /// The configuration used when `--config` is absent (`config/default.toml`).
 pub const DEFAULT_CONFIG: &str = include_str!("../config/default.toml");
@@ -159,6 +159,7 @@ struct RawConfig {
 struct RawRay {
     modules: Option<RayModules>,
     python: Option<String>,
+    launch: Option<RayLaunch>,
 }
 
 /// Only modules: what `routes.py` generates for Ray's modules.
@@ -345,6 +346,7 @@ impl Validator<'_> {
                     .ray
                     .python
                     .unwrap_or_else(|| RaySettings::default().python),
+                launch: raw.ray.launch.unwrap_or_default(),
             },
         })
     }
@@ -775,7 +777,11 @@ supervision = { health_timeout_secs = 0.25 }
         let c = load("[ray]\nmodules = \"off\"\npython = \"/opt/py\"\n").expect("valid");
         assert_eq!(c.ray.modules, RayModules::Off);
         assert_eq!(c.ray.python, "/opt/py");
+        assert_eq!(c.ray.launch, RayLaunch::Fork);
+        let c = load("[ray]\nlaunch = \"standalone\"\n").expect("valid");
+        assert_eq!(c.ray.launch, RayLaunch::Standalone);
         assert!(load("[ray]\nmodules = \"maybe\"\n").is_err());
+        assert!(load("[ray]\nlaunch = \"spawn\"\n").is_err());
     }
 
     #[test]

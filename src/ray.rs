@@ -24,6 +24,7 @@ use crate::session::Session;
 const FILES: &[(&str, &str)] = &[
     ("dashd_ray.py", include_str!("../modules/ray/dashd_ray.py")),
     ("launcher.py", include_str!("../modules/ray/launcher.py")),
+    ("zygote.py", include_str!("../modules/ray/zygote.py")),
     ("routes.py", include_str!("../modules/ray/routes.py")),
     (
         "dashboard_kv.py",
@@ -58,6 +59,19 @@ pub enum RayModules {
     Off,
 }
 
+/// How Ray's modules are started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RayLaunch {
+    /// Forked from one Python process that preloaded Ray and the module
+    /// classes (`zygote.py`), each through a `ray-dashd-fork-shim`; a module
+    /// the zygote cannot fork starts standalone.
+    #[default]
+    Fork,
+    /// Each module its own `python launcher.py <ClassName>`.
+    Standalone,
+}
+
 /// The `[ray]` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RaySettings {
@@ -65,6 +79,8 @@ pub struct RaySettings {
     pub modules: RayModules,
     /// The Python that has `ray` installed.
     pub python: String,
+    /// How the modules are started.
+    pub launch: RayLaunch,
 }
 
 impl Default for RaySettings {
@@ -72,9 +88,13 @@ impl Default for RaySettings {
         RaySettings {
             modules: RayModules::Auto,
             python: "python3".to_owned(),
+            launch: RayLaunch::Fork,
         }
     }
 }
+
+/// The fork shim's binary, built beside ray-dashd's.
+const SHIM: &str = "ray-dashd-fork-shim";
 
 /// The Ray head a session belongs to.
 #[derive(Debug, Clone)]
@@ -131,6 +151,13 @@ pub fn add_modules(
         .arg(&settings.python)
         .arg("--launcher")
         .arg(launcher_dir.join("launcher.py"));
+    if let Some(shim) = shim(settings.launch) {
+        command
+            .arg("--shim")
+            .arg(shim)
+            .arg("--zygote")
+            .arg(launcher_dir.join("zygote.py"));
+    }
     let generated = match run(command, ROUTES_TIMEOUT) {
         Ok(generated) => generated,
         Err(e) if settings.modules == RayModules::Auto => {
@@ -206,6 +233,25 @@ pub async fn advertise(head: RayHead, addr: SocketAddr) {
         }
         tokio::time::sleep(KV_REFRESH).await;
     }
+}
+
+/// The fork shim to start the modules through, when `launch` asks for
+/// forking and the shim is installed beside ray-dashd.
+fn shim(launch: RayLaunch) -> Option<PathBuf> {
+    if launch == RayLaunch::Standalone {
+        return None;
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join(SHIM)))
+        .filter(|path| path.is_file());
+    if beside.is_none() {
+        warn!(
+            shim = SHIM,
+            "the fork shim is not installed beside ray-dashd; Ray's modules start standalone"
+        );
+    }
+    beside
 }
 
 /// The GCS address of the head `session` belongs to: Ray writes it to

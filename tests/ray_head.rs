@@ -193,6 +193,34 @@ fn pids_mentioning(path: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// pid, parent and process group of a process.
+struct Stat {
+    pid: i32,
+    ppid: i32,
+    pgrp: i32,
+}
+
+/// [`Stat`] of every process.
+fn stat_fields() -> Vec<Stat> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // After the command's closing parenthesis: state, ppid, pgrp.
+            let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
+            Some(Stat {
+                pid,
+                ppid: rest.next()?.parse().ok()?,
+                pgrp: rest.next()?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
 /// What every Ray process of the test needs: loopback-only addresses, the
 /// venv first on PATH (a job's `python` is the venv's), no usage reports.
 fn ray_env(command: &mut Command, bin: &Path) {
@@ -271,7 +299,8 @@ async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
 /// with `--working-dir` the package upload), `ray job logs --follow` of a
 /// running job, `ray job list`, `ray summary
 /// tasks`, `ray list nodes` and `ray logs` (found through the GCS key
-/// ray-dashd writes) work through it; a killed JobHead comes back and
+/// ray-dashd writes) work through it; JobHead runs forked from the zygote,
+/// and when its shim is killed its process ends, a new one replaces it, and
 /// the jobs submitted before are still listed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ray_cli_works_through_ray_dashd() {
@@ -456,8 +485,33 @@ async fn ray_cli_works_through_ray_dashd() {
         .expect("browser get");
     assert_eq!(browser_get.status(), 200);
 
+    // Forked from the zygote (the default launch): the module's process
+    // is a child of RayZygote in the process group of JobHead's shim, and
+    // killing the shim ends it.
+    let zygote = d.module("RayZygote").await["pid"]
+        .as_u64()
+        .expect("zygote pid") as i32;
     let job_head = d.module("JobHead").await;
-    kill(job_head["pid"].as_u64().expect("pid"), Signal::SIGKILL);
+    let shim = job_head["pid"].as_u64().expect("pid");
+    let child = stat_fields()
+        .into_iter()
+        .find(|s| s.pgrp == shim as i32 && s.pid != shim as i32 && s.ppid == zygote)
+        .unwrap_or_else(|| {
+            panic!(
+                "no child of the zygote in JobHead's group\nlog:\n{}",
+                d.log()
+            )
+        })
+        .pid;
+    kill(shim, Signal::SIGKILL);
+    let gone = crate::support::eventually(RAY_WAIT, || async {
+        crate::support::process_gone(child as u32).then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "JobHead's forked process {child} outlived its shim"
+    );
     d.healthy("JobHead", 1).await;
     let listed = head.cli(&["job", "list", "--address", &address]);
     assert!(listed.status.success(), "{}", text(&listed));

@@ -7,6 +7,7 @@
 mod support;
 
 mod cli;
+mod fork_shim;
 mod proxy_http;
 mod proxy_stream;
 mod proxy_ws;

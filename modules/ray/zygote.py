@@ -120,6 +120,58 @@ def load_app(path: str):
     return app
 
 
+# Objects that fill the free blocks of the allocator's partly used pools;
+# never touched again.
+_fillers = []
+
+
+def fill_free_blocks() -> int:
+    """Fills the free blocks of CPython's partly used small-object pools.
+
+    A forked child's first allocations of each size go to those blocks,
+    which share pages with the zygote's live objects: every child would copy
+    those pages. Filled, the children allocate from pools of their own and
+    the pages stay shared (about 1 MiB less per Ray module child, measured).
+    Reads the pool statistics CPython prints (sys._debugmallocstats, to the
+    C-level stderr); on another Python, or if the format differs, fills
+    nothing. Returns the bytes filled.
+    """
+    stats = getattr(sys, "_debugmallocstats", None)
+    if stats is None:
+        return 0
+    import tempfile
+
+    with tempfile.TemporaryFile() as capture:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            stats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        text = capture.read().decode(errors="replace")
+    empty_bytes = sys.getsizeof(b"")
+    filled = 0
+    # The table's rows: class, block size, pools, blocks in use, free blocks.
+    for line in text.splitlines():
+        row = line.split()
+        if len(row) != 5 or not all(cell.isdigit() for cell in row):
+            continue
+        size, free = int(row[1]), int(row[4])
+        if size == sys.getsizeof(object()):
+            _fillers.extend(object() for _ in range(free))
+        elif size == sys.getsizeof(1 << 40):
+            _fillers.extend((1 << 40) + i for i in range(free))
+        elif size > empty_bytes:
+            _fillers.extend(bytes(size - empty_bytes) for _ in range(free))
+        else:
+            continue
+        filled += size * free
+    return filled
+
+
 class Request(Exception):
     """A request the zygote refuses; the text goes back to the shim."""
 
@@ -453,14 +505,15 @@ def main(argv) -> int:
         say(f"preloading left {threads} threads running: forking would not be safe")
         return EXIT_BAD_USAGE
     gc.collect()
+    filled = fill_free_blocks()
     gc.freeze()
     try:
         health_sock = bind(health_path, socket.SOCK_STREAM)
     except OSError as exc:
         say(f"cannot listen on {health_path}: {exc}")
         return 1
-    say(f"preloaded {', '.join(sorted(names))} in {time.monotonic() - started:.2f}s; "
-        f"forking on {health_path}.fork")
+    say(f"preloaded {', '.join(sorted(names))} in {time.monotonic() - started:.2f}s "
+        f"({filled} bytes of free blocks filled); forking on {health_path}.fork")
     child = Zygote(app, names, fork_sock, health_sock, env_before).serve()
     # Only a forked child gets here, with the zygote's loop unwound.
     del fork_sock, health_sock

@@ -36,6 +36,7 @@ use std::time::Instant;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, raise, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::MsgFlags;
 use nix::unistd::{getpgrp, getppid, Pid};
 
 use crate::args::Args;
@@ -104,13 +105,16 @@ fn stand_for(
 ) -> Option<i32> {
     let mut ended_at: Option<Instant> = None;
     loop {
-        let mut fds = vec![
-            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
-            PollFd::new(lifeline.as_fd(), PollFlags::POLLIN),
-        ];
-        if let Some(z) = &zygote {
+        let mut fds = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+        let zygote_slot = zygote.as_ref().map(|z| {
             fds.push(PollFd::new(z.as_fd(), PollFlags::POLLIN));
-        }
+            fds.len() - 1
+        });
+        // Once closed, the lifeline stays readable: no longer watched.
+        let lifeline_slot = ended_at.is_none().then(|| {
+            fds.push(PollFd::new(lifeline.as_fd(), PollFlags::POLLIN));
+            fds.len() - 1
+        });
         let timeout = match ended_at {
             None => PollTimeout::NONE,
             Some(_) => PollTimeout::from(50u16),
@@ -122,12 +126,14 @@ fn stand_for(
             }
             continue;
         }
-        let ready = |i: usize| {
-            fds.get(i)
+        let ready = |slot: Option<usize>| {
+            slot.and_then(|i| fds.get(i))
                 .and_then(PollFd::revents)
                 .is_some_and(|r| !r.is_empty())
         };
-        let (sig_ready, life_ready, zygote_ready) = (ready(0), ready(1), ready(2));
+        let sig_ready = ready(Some(0));
+        let zygote_ready = ready(zygote_slot);
+        let life_ready = ready(lifeline_slot);
         drop(fds);
         if sig_ready {
             forward(args, pid, signals);
@@ -151,20 +157,34 @@ fn stand_for(
                 None => {}
             }
         }
-        if life_ready && ended_at.is_none() {
+        if life_ready && ended_at.is_none() && lifeline_closed(&lifeline) {
             ended_at = Some(Instant::now());
         }
         if let Some(at) = ended_at {
-            if zygote.is_none() || at.elapsed().as_millis() > u128::from(STATUS_GRACE_MS) {
-                say(
-                    &args.module,
-                    &format!(
-                        "the module (pid {pid}) ended; its status is unknown (its zygote is gone)"
-                    ),
-                );
-                return None;
-            }
+            let why = if zygote.is_none() {
+                "its zygote is gone"
+            } else if at.elapsed().as_millis() > u128::from(STATUS_GRACE_MS) {
+                "its zygote did not report it"
+            } else {
+                continue;
+            };
+            say(
+                &args.module,
+                &format!("the module (pid {pid}) ended; its status is unknown ({why})"),
+            );
+            return None;
         }
+    }
+}
+
+/// Whether the child's end of the lifeline is closed (it never writes; a
+/// stray byte is read and dropped).
+fn lifeline_closed(lifeline: &OwnedFd) -> bool {
+    let mut buf = [0u8; 64];
+    match nix::sys::socket::recv(raw(lifeline), &mut buf, MsgFlags::MSG_DONTWAIT) {
+        Ok(0) => true,
+        Ok(_) | Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => false,
+        Err(_) => true,
     }
 }
 

@@ -12,8 +12,9 @@ pub(crate) const USAGE: &str = "usage: ray-dashd-fork-shim --zygote NAME [--wait
 /// How long to keep trying to reach a zygote that does not listen yet.
 const DEFAULT_WAIT: Duration = Duration::from_secs(3);
 /// How long a zygote that accepted the request may take to fork (it may
-/// still be preloading: about 2 s for Ray on 2 cores).
-const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// still be preloading: about 2 s for Ray on 2 cores); short of ray-dashd's
+/// default start-up timeout (30 s), so that a standalone start still fits.
+const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The parsed command line.
 #[derive(Debug)]

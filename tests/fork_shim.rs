@@ -252,3 +252,22 @@ async fn sigkill_of_ray_dashd_ends_forked_modules() {
     assert!(gone(pid(&z)).await, "zygote outlived ray-dashd");
     assert!(gone(child).await, "forked child {child} outlived ray-dashd");
 }
+
+/// A zygote whose preload left a thread running does not fork (fork safety):
+/// it exits, and the modules start standalone.
+#[tokio::test]
+async fn a_zygote_with_a_thread_does_not_fork() {
+    let Some(py) = python() else { return };
+    let d = dashd()
+        .module(zygote(&py).env("ZFX_PRELOAD_THREAD", "1"))
+        .module(forked(&py, "alpha", &[]))
+        .start();
+    d.healthy("alpha", 0).await;
+    let info = info(&d, "alpha").await;
+    assert_eq!(info["forked"], false, "{info}");
+    let z = d.module("Z").await;
+    assert_ne!(z["state"], "healthy", "{z}");
+    let err =
+        std::fs::read_to_string(d.session().join("logs/dashboard_Z.err")).expect("zygote's log");
+    assert!(err.contains("threads running"), "{err}");
+}

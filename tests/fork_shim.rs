@@ -271,3 +271,24 @@ async fn a_zygote_with_a_thread_does_not_fork() {
         std::fs::read_to_string(d.session().join("logs/dashboard_Z.err")).expect("zygote's log");
     assert!(err.contains("threads running"), "{err}");
 }
+
+/// A zygote that ray-dashd stops removes its fork socket.
+#[tokio::test]
+async fn a_stopped_zygote_removes_its_fork_socket() {
+    let Some(py) = python() else { return };
+    let mut d = dashd().module(zygote(&py)).start();
+    d.healthy("Z", 0).await;
+    let fork_socket = d.session().join("sockets/dash_Z.fork");
+    assert!(fork_socket.exists(), "{}", fork_socket.display());
+    d.signal(Signal::SIGTERM);
+    assert!(
+        d.wait_exit(Duration::from_secs(30)).success(),
+        "{}",
+        d.log()
+    );
+    assert!(
+        !fork_socket.exists(),
+        "{} left behind",
+        fork_socket.display()
+    );
+}

@@ -370,6 +370,7 @@ class Zygote:
         """In the child: drop everything of the zygote's, take the shim's world."""
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self.selector.close()
         for sock in [self.fork_sock, self.health_sock, *self.shims, *self.health]:
             sock.close()
@@ -487,16 +488,37 @@ def main(argv) -> int:
     if not health_path:
         say("RAY_DASHD_SOCKET is not set: this program is meant to be started by ray-dashd")
         return EXIT_BAD_USAGE
-    started = time.monotonic()
+    fork_path = health_path + ".fork"
     env_before = dict(os.environ)
     try:
-        fork_sock = bind(health_path + ".fork", socket.SOCK_SEQPACKET)
+        fork_sock = bind(fork_path, socket.SOCK_SEQPACKET)
     except OSError as exc:
-        say(f"cannot listen on {health_path}.fork: {exc}")
+        say(f"cannot listen on {fork_path}: {exc}")
         return 1
+    bound = os.stat(fork_path).st_ino
+    zygote_pid = os.getpid()
+    # SIGTERM (ray-dashd stopping us) unwinds through the cleanup below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        app = load_app(argv[2])
-        names = app.preload(argv[3:])
+        child = run(argv[2], argv[3:], health_path, fork_sock, env_before)
+    finally:
+        if os.getpid() == zygote_pid:
+            remove_socket(fork_path, bound)
+    if isinstance(child, int):
+        return child
+    # Only a forked child gets here, with the zygote's loop unwound.
+    del fork_sock
+    child.run()
+    return 0
+
+
+def run(app_path: str, targets, health_path: str, fork_sock, env_before: dict):
+    """Preloads and serves. Returns an exit status in the zygote (it failed),
+    and the job to run in a forked child."""
+    started = time.monotonic()
+    try:
+        app = load_app(app_path)
+        names = app.preload(targets)
     except Exception as exc:
         say(f"preload failed: {exc}")
         return EXIT_BAD_USAGE
@@ -514,11 +536,16 @@ def main(argv) -> int:
         return 1
     say(f"preloaded {', '.join(sorted(names))} in {time.monotonic() - started:.2f}s "
         f"({filled} bytes of free blocks filled); forking on {health_path}.fork")
-    child = Zygote(app, names, fork_sock, health_sock, env_before).serve()
-    # Only a forked child gets here, with the zygote's loop unwound.
-    del fork_sock, health_sock
-    child.run()
-    return 0
+    return Zygote(app, names, fork_sock, health_sock, env_before).serve()
+
+
+def remove_socket(path: str, inode: int) -> None:
+    """Removes our fork socket, unless another zygote has bound that path since."""
+    try:
+        if os.stat(path).st_ino == inode:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

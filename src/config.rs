@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use crate::cli::Cli;
 use crate::error::ConfigError;
-use crate::ray::{RayModules, RaySettings};
+use crate::ray::{RayLaunch, RayModules, RaySettings};
 
 /// The configuration used when `--config` is absent (`config/default.toml`).
 pub const DEFAULT_CONFIG: &str = include_str!("../config/default.toml");
@@ -161,6 +161,7 @@ struct RawRay {
     python: Option<String>,
     client_port: Option<u16>,
     gcs_gone_secs: Option<f64>,
+    launch: Option<RayLaunch>,
 }
 
 /// Only modules: what `routes.py` generates for Ray's modules.
@@ -361,6 +362,7 @@ impl Validator<'_> {
                     }
                     after => after,
                 },
+                launch: raw.ray.launch.unwrap_or_default(),
             },
         })
     }
@@ -791,11 +793,15 @@ supervision = { health_timeout_secs = 0.25 }
         let c = load("[ray]\nmodules = \"off\"\npython = \"/opt/py\"\n").expect("valid");
         assert_eq!(c.ray.modules, RayModules::Off);
         assert_eq!(c.ray.python, "/opt/py");
+        assert_eq!(c.ray.launch, RayLaunch::Fork);
+        let c = load("[ray]\nlaunch = \"standalone\"\n").expect("valid");
+        assert_eq!(c.ray.launch, RayLaunch::Standalone);
         assert!(load("[ray]\nmodules = \"maybe\"\n").is_err());
         assert_eq!(c.ray.gcs_gone_after, Duration::from_secs(60));
         let c = load("[ray]\ngcs_gone_secs = 2.5\n").expect("valid");
         assert_eq!(c.ray.gcs_gone_after, Duration::from_millis(2500));
         assert!(load("[ray]\ngcs_gone_secs = 0\n").is_err());
+        assert!(load("[ray]\nlaunch = \"spawn\"\n").is_err());
     }
 
     #[test]

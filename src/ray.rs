@@ -31,6 +31,7 @@ use gcs::{GcsClient, GcsStatus, Watcher};
 const FILES: &[(&str, &str)] = &[
     ("dashd_ray.py", include_str!("../modules/ray/dashd_ray.py")),
     ("launcher.py", include_str!("../modules/ray/launcher.py")),
+    ("zygote.py", include_str!("../modules/ray/zygote.py")),
     ("routes.py", include_str!("../modules/ray/routes.py")),
     (
         "dashboard_kv.py",
@@ -64,6 +65,19 @@ pub enum RayModules {
     Off,
 }
 
+/// How Ray's modules are started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RayLaunch {
+    /// Forked from one Python process that preloaded Ray and the module
+    /// classes (`zygote.py`), each through a `ray-dashd-fork-shim`; a module
+    /// the zygote cannot fork starts standalone.
+    #[default]
+    Fork,
+    /// Each module its own `python launcher.py <ClassName>`.
+    Standalone,
+}
+
 /// The `[ray]` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RaySettings {
@@ -75,6 +89,8 @@ pub struct RaySettings {
     pub client_port: u16,
     /// How long the head's GCS may stay unreachable before ray-dashd stops.
     pub gcs_gone_after: Duration,
+    /// How the modules are started.
+    pub launch: RayLaunch,
 }
 
 /// The port Ray clients connect to (`ray://head:10001`).
@@ -90,9 +106,13 @@ impl Default for RaySettings {
             python: "python3".to_owned(),
             client_port: DEFAULT_CLIENT_PORT,
             gcs_gone_after: GCS_GONE_AFTER,
+            launch: RayLaunch::Fork,
         }
     }
 }
+
+/// The fork shim's binary, built beside ray-dashd's.
+const SHIM: &str = "ray-dashd-fork-shim";
 
 /// The Ray head a session belongs to.
 #[derive(Debug, Clone)]
@@ -229,6 +249,13 @@ pub fn add_modules(
         // The host answers it from its cached check (see `gcs`).
         .arg("--omit")
         .arg(parent::GCS_HEALTH_PATH);
+    if let Some(shim) = shim(settings.launch) {
+        command
+            .arg("--shim")
+            .arg(shim)
+            .arg("--zygote")
+            .arg(launcher_dir.join("zygote.py"));
+    }
     let generated = match run(command, ROUTES_TIMEOUT) {
         Ok(generated) => generated,
         Err(e) => return not_hosted(e),
@@ -299,6 +326,25 @@ pub fn watcher(head: &RayHead, bound: SocketAddr) -> Result<Watcher<GcsClient>, 
         head.gcs_gone_after,
         head.parent.gcs.clone(),
     ))
+}
+
+/// The fork shim to start the modules through, when `launch` asks for
+/// forking and the shim is installed beside ray-dashd.
+fn shim(launch: RayLaunch) -> Option<PathBuf> {
+    if launch == RayLaunch::Standalone {
+        return None;
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join(SHIM)))
+        .filter(|path| path.is_file());
+    if beside.is_none() {
+        warn!(
+            shim = SHIM,
+            "the fork shim is not installed beside ray-dashd; Ray's modules start standalone"
+        );
+    }
+    beside
 }
 
 /// The GCS address of the head `session` belongs to: Ray writes it to

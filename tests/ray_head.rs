@@ -229,6 +229,34 @@ fn pids_mentioning(path: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// pid, parent and process group of a process.
+struct Stat {
+    pid: i32,
+    ppid: i32,
+    pgrp: i32,
+}
+
+/// [`Stat`] of every process.
+fn stat_fields() -> Vec<Stat> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // After the command's closing parenthesis: state, ppid, pgrp.
+            let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
+            Some(Stat {
+                pid,
+                ppid: rest.next()?.parse().ok()?,
+                pgrp: rest.next()?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
 /// What every Ray process of the test needs: loopback-only addresses, the
 /// venv first on PATH (a job's `python` is the venv's), no usage reports,
 /// the cluster's token.
@@ -311,8 +339,9 @@ async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
 /// with `--working-dir` the package upload), `ray job logs --follow` of a
 /// running job, `ray job list`, `ray summary
 /// tasks`, `ray list nodes` and `ray logs` (found through the GCS key
-/// ray-dashd writes) work through it, with the token; a killed JobHead
-/// comes back and the jobs submitted before are still listed. The host
+/// ray-dashd writes) work through it, with the token; JobHead runs forked from
+/// the zygote, and when its shim is killed its process ends, a new one
+/// replaces it, and the jobs submitted before are still listed. The host
 /// answers what Ray's parent answers itself, checks the token as Ray does,
 /// answers `/api/gcs_healthz` from its own GCS check while ReportHead is
 /// frozen, and when the head is stopped, reports the GCS down and exits 3
@@ -624,8 +653,33 @@ async fn ray_cli_works_through_ray_dashd() {
     );
     assert_eq!(health.text().await.expect("body"), "success");
 
+    // Forked from the zygote (the default launch): the module's process
+    // is a child of RayZygote in the process group of JobHead's shim, and
+    // killing the shim ends it.
+    let zygote = module(&d, "RayZygote").await["pid"]
+        .as_u64()
+        .expect("zygote pid") as i32;
     let job_head = module(&d, "JobHead").await;
-    kill(job_head["pid"].as_u64().expect("pid"), Signal::SIGKILL);
+    let shim = job_head["pid"].as_u64().expect("pid");
+    let child = stat_fields()
+        .into_iter()
+        .find(|s| s.pgrp == shim as i32 && s.pid != shim as i32 && s.ppid == zygote)
+        .unwrap_or_else(|| {
+            panic!(
+                "no child of the zygote in JobHead's group\nlog:\n{}",
+                d.log()
+            )
+        })
+        .pid;
+    kill(shim, Signal::SIGKILL);
+    let gone = crate::support::eventually(RAY_WAIT, || async {
+        crate::support::process_gone(child as u32).then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "JobHead's forked process {child} outlived its shim"
+    );
     wait_healthy(&d, "JobHead", 1).await;
     let listed = head.cli(&["job", "list", "--address", &address]);
     assert!(listed.status.success(), "{}", text(&listed));

@@ -4,6 +4,10 @@ Usage (with the Python that has `ray[default]` installed):
 
     python launcher.py <ClassName>         e.g. python launcher.py JobHead
 
+or, preloaded once and forked per module, as the app of `zygote.py`
+(`python zygote.py --app launcher.py JobHead=ray.dashboard.modules.job.job_head ...`),
+which calls `preload()` once and `run_forked()` in each forked child.
+
 ray-dashd starts it with the module contract's environment (RAY_DASHD_SOCKET,
 RAY_DASHD_SESSION_DIR, RAY_DASHD_LOG_DIR, RAY_DASHD_MODULE,
 RAY_DASHD_INCARNATION). The ray-dashd module name must be the class name:
@@ -20,6 +24,8 @@ What it does:
          and, started by anyone else, exits at once; ours watches os.getppid()
          and exits when ray-dashd goes away (ray-dashd also sets a
          parent-death signal, so this is only a second line of defence);
+         forked by the zygote, it never returns: the zygote's lifeline to the
+         shim ends the child instead;
        - /api/healthz answers 503 until Ray's own start-up (the module's whole
          `run()`) has finished, where Ray's answers 200 as soon as the socket
          is bound; ray-dashd counts a module ready at the first 200.
@@ -203,18 +209,12 @@ class ReadySignal:
         pass
 
 
-def hosted_class(module_cls, signal: ReadySignal, parent_pid: int):
-    """A subclass of `module_cls`, with the same name, changing two hooks.
-
-    The name must stay the class's own: Ray derives the socket path, the log
-    names and the process title from it. Everything else, routes included, is
-    inherited untouched.
-    """
-    base_health = module_cls._internal_module_health_check
+def watch_parent(parent_pid: int):
+    """The parent check of a standalone module: returns when `parent_pid`
+    (ray-dashd) is no longer this process's parent."""
     watch_log = logging.getLogger("ray_dashd.launcher")
 
-    async def _detect_parent_process_death(self):
-        # Ray ends the process (sys.exit) when this coroutine returns.
+    async def watch():
         while os.getppid() == parent_pid:
             await asyncio.sleep(1)
         watch_log.warning("parent %d (ray-dashd) is gone; exiting", parent_pid)
@@ -223,6 +223,28 @@ def hosted_class(module_cls, signal: ReadySignal, parent_pid: int):
         timer = threading.Timer(HARD_EXIT_AFTER_SECS, os._exit, args=(1,))
         timer.daemon = True
         timer.start()
+
+    return watch
+
+
+async def never():
+    """The parent check of a forked module: its lifeline ends it instead."""
+    await asyncio.get_running_loop().create_future()
+
+
+def hosted_class(module_cls, signal: ReadySignal, watch):
+    """A subclass of `module_cls`, with the same name, changing two hooks.
+
+    The name must stay the class's own: Ray derives the socket path, the log
+    names and the process title from it. Everything else, routes included, is
+    inherited untouched. `watch` is the parent check: a coroutine function
+    that returns when the module should exit.
+    """
+    base_health = module_cls._internal_module_health_check
+
+    async def _detect_parent_process_death(self):
+        # Ray ends the process (sys.exit) when this coroutine returns.
+        await watch()
 
     async def _internal_module_health_check(self, request):
         if not signal.ready:
@@ -241,6 +263,7 @@ def hosted_class(module_cls, signal: ReadySignal, parent_pid: int):
 
 
 def main(argv: list) -> None:
+    """A standalone module: check Ray, find the class, run it."""
     if len(argv) != 2 or argv[1].startswith("-"):
         fail(dashd_ray.EXIT_INCOMPATIBLE, "usage: launcher.py <ClassName>, e.g. JobHead")
     class_name = argv[1]
@@ -254,6 +277,47 @@ def main(argv: list) -> None:
             class_name, os.environ.get("RAY_DASHD_RAY_PYMODULE", ""))
     except dashd_ray.IncompatibleRay as exc:
         fail(dashd_ray.EXIT_INCOMPATIBLE, str(exc))
+    host(internals, module_cls, env, started, watch_parent(parent_pid))
+
+
+# What preload() found, for run_forked() in the forked children.
+_preloaded = {}
+
+
+def preload(targets: list) -> list:
+    """In the zygote, once: check Ray and import the module classes.
+
+    Each target is `ClassName=python.module` (as routes.py writes them) or a
+    bare `ClassName` (found through Ray's discovery of all modules). Imports
+    only: nothing may start a thread or open a connection here, since the
+    zygote forks afterwards. Returns the class names; raises on a Ray whose
+    internals differ or a class that is not there.
+    """
+    internals = dashd_ray.RayInternals()
+    classes = {}
+    for target in targets:
+        name, _, python_module = target.partition("=")
+        classes[name] = internals.module_class(name, python_module)
+    _preloaded["internals"] = internals
+    _preloaded["classes"] = classes
+    return sorted(classes)
+
+
+def run_forked(class_name: str) -> None:
+    """In a child forked by the zygote: run the preloaded module `class_name`.
+
+    The environment and stdio are the shim's (the zygote set them up); Ray's
+    internals were checked before the fork.
+    """
+    sys.argv = [os.path.abspath(__file__), class_name]
+    env = read_contract(class_name)
+    host(_preloaded["internals"], _preloaded["classes"][class_name], env,
+         time.monotonic(), never)
+
+
+def host(internals, module_cls, env: dict, started: float, watch) -> None:
+    """Runs `module_cls` through Ray's own entry point, with our two hooks."""
+    class_name = module_cls.__name__
     if not module_cls.is_enabled():
         say(f"note: Ray would not load {class_name} here (is_enabled() is False); "
             "starting it anyway because the config asks for it")
@@ -295,7 +359,7 @@ def main(argv: list) -> None:
 
     signal = ReadySignal()
     internals.run_module(
-        hosted_class(module_cls, signal, parent_pid),
+        hosted_class(module_cls, signal, watch),
         config,
         env["RAY_DASHD_INCARNATION"],
         signal,

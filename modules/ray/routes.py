@@ -4,7 +4,7 @@ Usage (with the Python that has `ray[default]` installed):
 
     python routes.py [--python PY] [--launcher PATH] [--omit PATH]...
                      [--all] [--startup-timeout SECS] [--env KEY=VALUE]...
-                     [--compare REFERENCE.tsv]
+                     [--shim PATH [--zygote PATH]] [--compare REFERENCE.tsv]
 
 Every route and its kind comes from the installed Ray, not from a list kept
 here: the routes are the handlers each SubprocessModule class declares, and
@@ -16,6 +16,13 @@ By default only the modules Ray itself would load (is_enabled()) are printed;
 (for example /api/gcs_healthz). A route whose path ray-dashd cannot express
 (only literal segments and whole-segment {name} parameters are accepted) is
 left out and reported on stderr, and the exit status is then 2.
+
+With --shim, the modules are forked from one preloaded Python process: a
+module `RayZygote` (no routes) runs `zygote.py` with `launcher.py` as its
+app, and each Ray module's command is the shim (`ray-dashd-fork-shim`),
+which asks the zygote for a forked child and falls back to the standalone
+`python launcher.py <ClassName>` when it cannot. Without --shim, each module
+is a standalone `python launcher.py <ClassName>`.
 
 --compare checks the result against a route table in the tab-separated
 reference format (kind, module, method, path, resp_type, handler) and
@@ -69,6 +76,19 @@ def collect(internals, include_disabled: bool):
     return result
 
 
+# The ray-dashd module name of the zygote (not a Ray class name, so its
+# socket cannot be one a Ray module uses).
+ZYGOTE_MODULE = "RayZygote"
+
+
+def toml_list(values) -> str:
+    return "[" + ", ".join(toml_str(v) for v in values) + "]"
+
+
+def toml_table(values: dict) -> str:
+    return "{ " + ", ".join(f"{k} = {toml_str(v)}" for k, v in sorted(values.items())) + " }"
+
+
 def render(modules, args, internals) -> tuple:
     """The TOML text and the list of (module, method, path) left out."""
     lines = [
@@ -76,21 +96,35 @@ def render(modules, args, internals) -> tuple:
         f"modules/ray/routes.py; do not edit by hand.",
         "",
     ]
+    extra_env = dict(item.partition("=")[::2] for item in args.env)
+    if args.shim:
+        targets = [f"{cls.__name__}={cls.__module__}" for cls, _, _ in modules]
+        lines.append("# Preloads Ray and the modules once; the modules below are forked from it.")
+        lines.append("[[modules]]")
+        lines.append(f"name = {toml_str(ZYGOTE_MODULE)}")
+        lines.append("command = " + toml_list(
+            [args.python, args.zygote, "--app", args.launcher] + targets))
+        if extra_env:
+            # The same environment as the modules': the zygote refuses to
+            # fork for a module whose environment differs from its own.
+            lines.append("env = " + toml_table(extra_env))
+        if args.startup_timeout:
+            lines.append(f"supervision = {{ startup_timeout_secs = {args.startup_timeout:g} }}")
+        lines.append("routes = []")
+        lines.append("")
     skipped = []
     for cls, enabled, routes in modules:
         name = cls.__name__
         if not enabled:
             lines.append(f"# {name}: Ray leaves this module disabled here (is_enabled() is False)")
         command = [args.python, args.launcher, name]
-        env = {"RAY_DASHD_RAY_PYMODULE": cls.__module__}
-        for item in args.env:
-            key, _, value = item.partition("=")
-            env[key] = value
+        if args.shim:
+            command = [args.shim, "--zygote", ZYGOTE_MODULE, name, "--"] + command
+        env = {"RAY_DASHD_RAY_PYMODULE": cls.__module__, **extra_env}
         lines.append("[[modules]]")
         lines.append(f"name = {toml_str(name)}")
-        lines.append("command = [" + ", ".join(toml_str(c) for c in command) + "]")
-        lines.append("env = { " + ", ".join(
-            f"{k} = {toml_str(v)}" for k, v in sorted(env.items())) + " }")
+        lines.append("command = " + toml_list(command))
+        lines.append("env = " + toml_table(env))
         if args.startup_timeout:
             lines.append(f"supervision = {{ startup_timeout_secs = {args.startup_timeout:g} }}")
         lines.append("routes = [")
@@ -140,6 +174,10 @@ def main() -> int:
                         help="interpreter for the launcher (default: this one)")
     parser.add_argument("--launcher", default=os.path.join(HERE, "launcher.py"),
                         help="path of launcher.py (default: the one beside this file)")
+    parser.add_argument("--shim", default="",
+                        help="fork the modules from a zygote, through this ray-dashd-fork-shim")
+    parser.add_argument("--zygote", default=os.path.join(HERE, "zygote.py"),
+                        help="path of zygote.py (default: the one beside this file)")
     parser.add_argument("--omit", action="append", default=[], metavar="PATH",
                         help="leave out a route path the host serves itself (repeatable)")
     parser.add_argument("--all", action="store_true",

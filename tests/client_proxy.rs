@@ -40,10 +40,12 @@ use crate::support::{
 
 const MODULE: &str = "ray_client_proxy";
 
-/// A block of `n` server ports for one test, so tests running at once do
-/// not share (the pool also skips ports someone else holds).
+/// A block of `n` server ports for one test, so tests running at once
+/// rarely share (the pool skips ports someone else holds anyway). Above the
+/// kernel's ephemeral range (32768–60999), so that no outgoing connection
+/// takes a port between the pool's check and the server's bind.
 fn port_block(index: u16, n: u16) -> String {
-    let first = 33_000 + index * 1000 + (std::process::id() % 10) as u16 * 50;
+    let first = 61_000 + index * 350 + (std::process::id() % 6) as u16 * 50;
     format!("{first}-{}", first + n - 1)
 }
 
@@ -413,7 +415,7 @@ async fn forwards_each_clients_calls_to_its_own_server() {
 /// as with Ray's own proxier.
 #[tokio::test]
 async fn token_mode_refuses_calls_without_the_token() {
-    let (_d, port) = setup(port_block(9, 10))
+    let (_d, port) = setup(port_block(8, 10))
         .env("RAY_AUTH_MODE", "token")
         .env("RAY_AUTH_TOKEN", "proxy-test-token")
         .start()
@@ -885,7 +887,7 @@ async fn a_taken_client_port_is_reported_plainly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_concurrent_clients() {
     const CLIENTS: usize = 500;
-    let (d, port) = setup(port_block(8, 600)).start().await;
+    let (d, port) = setup(port_block(9, 600)).start().await;
     let proxy_pid = d.module(MODULE).await["pid"].as_u64().expect("pid") as u32;
     let rss_before = crate::support::rss_kib(proxy_pid);
     let mut tasks = tokio::task::JoinSet::new();

@@ -159,8 +159,9 @@ async fn ray_client_works_through_the_proxy() {
         .display()
         .to_string();
     let port_text = client_port.to_string();
-    // Server ports away from the block the head's own ports come from.
-    let first = 45_000 + (std::process::id() % 40) as u16 * 100;
+    // Server ports away from the block the head's own ports come from, and
+    // above the kernel's ephemeral range (32768–60999).
+    let first = 65_000 + (std::process::id() % 4) as u16 * 100;
     let ports = format!("{first}-{}", first + 99);
     let python_text = python.display().to_string();
     let d = dashd()

@@ -22,7 +22,8 @@ const chromiumPath = process.env.RAY_DASHD_CHROMIUM ?? "/usr/bin/chromium";
 const shots = path.join(root, "target", "ui-screenshots");
 const WAIT_MS = 15000;
 // Ports for the client proxy's (fake) Ray client servers.
-const serverPorts = (() => { const first = 39000 + (process.pid % 20) * 50; return `${first}-${first + 49}`; })();
+// Above the kernel's ephemeral range (32768–60999).
+const serverPorts = (() => { const first = 64700 + (process.pid % 6) * 50; return `${first}-${first + 49}`; })();
 
 let tmp, session, dashd, base, browser, page;
 const consoleErrors = [];

@@ -350,8 +350,12 @@ async fn wait_listening(server: &SpecificServer) -> Result<(), String> {
         if let Some(status) = server.exit_status() {
             return Err(status);
         }
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return Ok(());
+        if let Ok(stream) = tokio::net::TcpStream::connect(addr).await {
+            // A connect to a port nobody listens on can land on itself when
+            // the kernel picks that very port as the source (TCP self-connect).
+            if stream.local_addr().ok() != stream.peer_addr().ok() {
+                return Ok(());
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}

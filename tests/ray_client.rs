@@ -244,8 +244,16 @@ async fn ray_client_works_through_the_proxy() {
         .iter()
         .map(|c| c["server_pid"].as_u64().expect("pid") as u32)
         .collect();
-    std::fs::write(flags_a.path().join("go"), "").expect("go");
-    std::fs::write(flags_b.path().join("go"), "").expect("go");
+    // Both ask for connection_info while both are connected.
+    for flags in [&flags_a, &flags_b] {
+        std::fs::write(flags.path().join("go"), "").expect("go");
+    }
+    for flags in [&flags_a, &flags_b] {
+        wait_file(&flags.path().join("asked")).await;
+    }
+    for flags in [&flags_a, &flags_b] {
+        std::fs::write(flags.path().join("done"), "").expect("done");
+    }
     for run in [a, b] {
         let output = run.wait();
         assert!(output.status.success(), "{}", text(&output));

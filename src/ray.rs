@@ -226,18 +226,8 @@ pub fn add_modules(
     };
     let launcher_dir = write_launcher(session)
         .map_err(|e| StartupError::Ray(format!("cannot write the launcher: {e}")))?;
-    // What the parent serves first: without it (a token that cannot be
-    // read, say) the modules must not be exposed at all.
     let mut facts = Command::new(&settings.python);
     facts.arg(launcher_dir.join("head_facts.py"));
-    let parent = match run(facts, ROUTES_TIMEOUT).and_then(|out| {
-        let facts = serde_json::from_str::<HeadFacts>(&out)
-            .map_err(|e| format!("head_facts.py printed no facts: {e}"))?;
-        RayParent::from_facts(facts)
-    }) {
-        Ok(parent) => parent,
-        Err(e) => return not_hosted(e),
-    };
     let routes = launcher_dir.join("routes.py");
     let mut command = Command::new(&settings.python);
     command
@@ -256,7 +246,26 @@ pub fn add_modules(
             .arg("--zygote")
             .arg(launcher_dir.join("zygote.py"));
     }
-    let generated = match run(command, ROUTES_TIMEOUT) {
+    // Both import Ray (most of their time): run them at once.
+    let (facts, generated) = std::thread::scope(|scope| {
+        let facts = scope.spawn(|| run(facts, ROUTES_TIMEOUT));
+        let generated = run(command, ROUTES_TIMEOUT);
+        let facts = facts
+            .join()
+            .unwrap_or_else(|_| Err("head_facts.py runner panicked".to_owned()));
+        (facts, generated)
+    });
+    // What the parent serves first: without it (a token that cannot be
+    // read, say) the modules must not be exposed at all.
+    let parent = match facts.and_then(|out| {
+        let facts = serde_json::from_str::<HeadFacts>(&out)
+            .map_err(|e| format!("head_facts.py printed no facts: {e}"))?;
+        RayParent::from_facts(facts)
+    }) {
+        Ok(parent) => parent,
+        Err(e) => return not_hosted(e),
+    };
+    let generated = match generated {
         Ok(generated) => generated,
         Err(e) => return not_hosted(e),
     };

@@ -15,9 +15,12 @@ here is stopped by its process group on exit.
    (connect, task round trips, put/get) through ours, through Ray's
    proxier, and straight to a specific server started for that session.
 4. Connects, interleaved: ours with its spare ready, ours cold, Ray's.
-5. Concurrent clients against fake specific servers: ours standalone with
-   --server-command ray-dashd-fake-client-server; Ray's proxier run by
-   bench/ray_proxier_fake.py with the same fake servers.
+5. Against fake specific servers (ours standalone with --server-command
+   ray-dashd-fake-client-server; Ray's proxier run by
+   bench/ray_proxier_fake.py with the same fake servers; one fake server
+   alone as the baseline): the cost of one message and one call through
+   each (`ray-dashd-bench ray-rtt`, rounds interleaved), then the most
+   concurrent clients each serves (`ray-dashd-bench ray-clients`).
 6. The raw results (one JSON object a line) and a Markdown table.
 """
 

@@ -26,7 +26,9 @@ mod killtest;
 mod net;
 mod procfs;
 mod proctree;
+mod ray_clients;
 mod ray_report;
+mod ray_rtt;
 mod report;
 mod startup;
 mod stream;
@@ -91,6 +93,12 @@ enum Command {
     StopTree(StopTreeArgs),
     /// Render the results of ray_dashboard.sh as a Markdown table.
     RayReport(ray_report::RayReportArgs),
+    /// Ray clients connected one after another to a Ray Client proxy and
+    /// kept connected, until one fails: {held, saturated, errors, ...}.
+    RayClients(RayClientsArgs),
+    /// Per-message cost of a Ray Client proxy hop, against fake servers:
+    /// {datapath, unary, get_object: {median_us, p99_us, proxy_cpu_us_per_op}}.
+    RayRtt(RayRttArgs),
 }
 
 /// Where to send load, as `unix:/path/to.sock` or `tcp:127.0.0.1:PORT`.
@@ -266,6 +274,67 @@ struct StopTreeArgs {
     grace: f64,
 }
 
+#[derive(Debug, Args)]
+struct RayClientsArgs {
+    /// The proxy's client port, `127.0.0.1:PORT`.
+    #[arg(long)]
+    target: std::net::SocketAddr,
+    /// Stop after this many clients.
+    #[arg(long, default_value_t = 500)]
+    max: usize,
+    /// Seconds a client may take to connect and make its call; a client
+    /// that takes longer ends the ramp (the proxy is saturated).
+    #[arg(long, default_value_t = 20.0)]
+    timeout: f64,
+    /// End the ramp after this many clients failed otherwise.
+    #[arg(long, default_value_t = 5)]
+    max_errors: usize,
+    /// `reconnect_grace_period` sent in `init` (Ray's client sends 30).
+    #[arg(long, default_value_t = 30)]
+    grace: i32,
+    /// Open a `Logstream` per client, as Ray's client does.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    logstream: bool,
+    /// The proxy's pid: its RSS and CPU time are reported.
+    #[arg(long)]
+    proxy_pid: Option<u32>,
+    /// Kernel clock ticks per second (`getconf CLK_TCK`).
+    #[arg(long, default_value_t = 100)]
+    clk_tck: u64,
+    /// Prefix of the clients' `client_id`s.
+    #[arg(long, default_value = "bench")]
+    id_prefix: String,
+}
+
+#[derive(Debug, Args)]
+struct RayRttArgs {
+    /// A proxy's client port or a fake server's port, `127.0.0.1:PORT`.
+    #[arg(long)]
+    target: std::net::SocketAddr,
+    /// Measured operations of each kind.
+    #[arg(long, default_value_t = 2000)]
+    iterations: usize,
+    /// Unmeasured operations of each kind first.
+    #[arg(long, default_value_t = 200)]
+    warmup: usize,
+    /// The proxy's pid: its CPU time per operation is reported.
+    #[arg(long)]
+    proxy_pid: Option<u32>,
+    /// Kernel clock ticks per second (`getconf CLK_TCK`).
+    #[arg(long, default_value_t = 100)]
+    clk_tck: u64,
+    /// The client's `client_id`.
+    #[arg(long, default_value = "bench-rtt")]
+    id: String,
+    /// Operations to time (comma-separated): datapath, unary, get_object.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "datapath,unary,get_object"
+    )]
+    kinds: Vec<String>,
+}
+
 fn secs(value: f64, what: &str) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(value)
         .map_err(|_| anyhow::anyhow!("{what} must be a non-negative number of seconds"))
@@ -355,6 +424,40 @@ async fn run(command: Command) -> anyhow::Result<String> {
             killtest::wait_http(&a.to.target, &a.to.path, secs(a.timeout, "--timeout")?).await?
         }
         Command::Rss(a) => procfs::rss_json(&a.pids)?,
+        Command::RayRtt(a) => {
+            anyhow::ensure!(
+                a.target.ip().is_loopback(),
+                "--target must be a loopback address"
+            );
+            ray_rtt::run(ray_rtt::Plan {
+                target: a.target,
+                iterations: a.iterations.max(1),
+                warmup: a.warmup,
+                proxy_pid: a.proxy_pid,
+                clk_tck: a.clk_tck,
+                id: a.id,
+                kinds: a.kinds,
+            })
+            .await?
+        }
+        Command::RayClients(a) => {
+            anyhow::ensure!(
+                a.target.ip().is_loopback(),
+                "--target must be a loopback address"
+            );
+            ray_clients::run(ray_clients::Plan {
+                target: a.target,
+                max: a.max,
+                timeout: secs(a.timeout, "--timeout")?,
+                max_errors: a.max_errors.max(1),
+                grace: a.grace,
+                logstream: a.logstream,
+                proxy_pid: a.proxy_pid,
+                clk_tck: a.clk_tck,
+                id_prefix: a.id_prefix,
+            })
+            .await?
+        }
         Command::Report(a) => return report::render(&a),
         Command::Startup(a) => {
             startup::run(startup::Plan {

@@ -35,7 +35,7 @@ use tracing::{debug, warn};
 use crate::auth;
 use crate::codec::{RawCodec, MAX_MESSAGE_BYTES};
 use crate::proxy::{Client, ClientError, Proxy};
-use crate::servers::SpecificServer;
+use crate::servers::{H2Client, SpecificServer};
 use crate::wire;
 
 type Messages = BoxStream<'static, Result<Bytes, Status>>;
@@ -96,8 +96,8 @@ fn grpc() -> tonic::server::Grpc<RawCodec> {
         .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES))
 }
 
-fn client_grpc(server: &SpecificServer) -> tonic::client::Grpc<tonic::transport::Channel> {
-    tonic::client::Grpc::new(server.channel.clone())
+fn client_grpc(server: &SpecificServer) -> tonic::client::Grpc<H2Client> {
+    tonic::client::Grpc::with_origin(server.client.clone(), server.origin.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
@@ -226,7 +226,7 @@ fn forwardable<T>(request: Request<T>) -> Request<T> {
 }
 
 async fn ready(
-    grpc: &mut tonic::client::Grpc<tonic::transport::Channel>,
+    grpc: &mut tonic::client::Grpc<H2Client>,
     server: &SpecificServer,
 ) -> Result<(), Status> {
     grpc.ready().await.map_err(|e| {

@@ -77,6 +77,9 @@ impl Client {
 
     /// Waits up to `limit` for its server to be running.
     pub async fn server(&self, limit: Duration) -> Result<Arc<SpecificServer>, String> {
+        if let Slot::Ready(server) = &*self.slot.borrow() {
+            return Ok(server.clone());
+        }
         let mut slot = self.slot.subscribe();
         let waited =
             tokio::time::timeout(limit, slot.wait_for(|s| !matches!(s, Slot::Starting))).await;

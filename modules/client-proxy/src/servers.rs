@@ -17,11 +17,12 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
 
 /// How a specific server is started.
@@ -157,8 +158,10 @@ pub struct SpecificServer {
     pub pid: u32,
     /// When it was started.
     pub started: SystemTime,
-    /// A channel to it.
-    pub channel: Channel,
+    /// An HTTP/2 client (one connection, multiplexed) for it.
+    pub client: H2Client,
+    /// `http://127.0.0.1:<port>`.
+    pub origin: http::Uri,
     exit: watch::Receiver<Option<String>>,
     stop_grace: Duration,
 }
@@ -195,6 +198,25 @@ impl SpecificServer {
             self.exited().await;
         }
     }
+}
+
+/// The HTTP/2 client calls to a server go through. Plain hyper rather than a
+/// tonic `Channel`: the channel's request queue adds a task hop to every
+/// call, which is most of a forwarded call's cost on loopback.
+pub type H2Client = hyper_util::client::legacy::Client<HttpConnector, tonic::body::Body>;
+
+fn h2_client() -> H2Client {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .http2_keep_alive_while_idle(true)
+        .http2_initial_stream_window_size(8 << 20)
+        .http2_initial_connection_window_size(32 << 20)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .build(connector)
 }
 
 fn signal_group(pid: u32, signal: Signal) {
@@ -260,18 +282,14 @@ impl Launcher {
             self.ports.clone(),
             self.registry.clone(),
         ));
-        let endpoint = Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-            .expect("UNWRAP: loopback URI is valid")
-            .connect_timeout(Duration::from_secs(5))
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_while_idle(true)
-            .initial_stream_window_size(Some(8 << 20))
-            .initial_connection_window_size(Some(32 << 20));
         let server = Arc::new(SpecificServer {
             port,
             pid,
             started: SystemTime::now(),
-            channel: endpoint.connect_lazy(),
+            client: h2_client(),
+            origin: format!("http://127.0.0.1:{port}")
+                .parse()
+                .expect("UNWRAP: loopback URI is valid"),
             exit: exit_rx,
             stop_grace: self.command.stop_grace,
         });

@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use futures_util::stream::{self, BoxStream, StreamExt};
 use futures_util::Stream;
 use http::uri::PathAndQuery;
@@ -130,9 +130,12 @@ impl<const KIND: u8> tower::Service<http::Request<Body>> for Service<KIND> {
                 path: path.clone(),
             };
             let response = match path.as_str() {
-                DATAPATH => grpc().streaming(call, request).await,
-                LOGSTREAM => grpc().streaming(call, request).await,
-                GET_OBJECT => grpc().server_streaming(call, request).await,
+                DATAPATH => framed(datapath(call.proxy, incoming(request)).await),
+                LOGSTREAM => framed(logstream(call.proxy, incoming(request)).await),
+                GET_OBJECT => match first_message(incoming(request)).await {
+                    Ok(request) => framed(get_object(call.proxy, &call.path, request).await),
+                    Err(status) => status.into_http(),
+                },
                 p if p.starts_with("/ray.rpc.RayletDriver/") => grpc().unary(call, request).await,
                 _ => Status::unimplemented(format!("unknown method {path}")).into_http(),
             };
@@ -157,44 +160,123 @@ impl tonic::server::UnaryService<Bytes> for Call {
     }
 }
 
-impl tonic::server::ServerStreamingService<Bytes> for Call {
-    type Response = Bytes;
-    type ResponseStream = Messages;
-    type Future = BoxFuture<Result<Response<Messages>, Status>>;
+/// `GetObject`: the one request goes to the client's server, its chunks
+/// come back as they arrive.
+async fn get_object(
+    proxy: Arc<Proxy>,
+    path: &str,
+    request: Request<Bytes>,
+) -> Result<Response<Messages>, Status> {
+    let client = known_client(&proxy, request.metadata())?;
+    let server = client
+        .server(proxy.settings.server_wait)
+        .await
+        .map_err(Status::not_found)?;
+    let mut grpc = client_grpc(&server);
+    ready(&mut grpc, &server).await?;
+    let response = grpc
+        .server_streaming(forwardable(request), path_of(path), RawCodec)
+        .await?;
+    Ok(response.map(|s| s.boxed()))
+}
 
-    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
-        let (proxy, path) = (self.proxy.clone(), self.path.clone());
-        Box::pin(async move {
-            let client = known_client(&proxy, request.metadata())?;
-            let server = client
-                .server(proxy.settings.server_wait)
-                .await
-                .map_err(Status::not_found)?;
-            let mut grpc = client_grpc(&server);
-            ready(&mut grpc, &server).await?;
-            let response = grpc
-                .server_streaming(forwardable(request), path_of(&path), RawCodec)
-                .await?;
-            Ok(response.map(|s| s.boxed()))
-        })
+/// The messages of an incoming streaming call, as tonic decodes them.
+fn incoming(request: http::Request<Body>) -> Request<Streaming<Bytes>> {
+    let (parts, body) = request.into_parts();
+    let messages = Streaming::new_request(RawCodec, body, None, Some(MAX_MESSAGE_BYTES));
+    Request::from_http(http::Request::from_parts(parts, messages))
+}
+
+/// The single message of a call whose request is not a stream.
+async fn first_message(request: Request<Streaming<Bytes>>) -> Result<Request<Bytes>, Status> {
+    let (metadata, extensions, mut messages) = request.into_parts();
+    let message = messages
+        .message()
+        .await?
+        .ok_or_else(|| Status::internal("the call has no request message"))?;
+    Ok(Request::from_parts(metadata, extensions, message))
+}
+
+/// A streamed answer as an HTTP response. The messages are framed here
+/// rather than by tonic's encoder so that each payload goes to h2 as the
+/// same `Bytes` it arrived in, without a copy: object chunks of `get` are
+/// megabytes each.
+fn framed(result: Result<Response<Messages>, Status>) -> http::Response<Body> {
+    let response = match result {
+        Ok(response) => response,
+        Err(status) => return status.into_http(),
+    };
+    let (metadata, messages, _) = response.into_parts();
+    let mut http = http::Response::new(Body::new(Framed {
+        messages,
+        payload: None,
+        done: false,
+    }));
+    *http.headers_mut() = metadata.into_headers();
+    http.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    http
+}
+
+/// gRPC framing of a message stream: a 5-byte prefix, the payload as is,
+/// then trailers with the status.
+struct Framed {
+    messages: Messages,
+    payload: Option<Bytes>,
+    done: bool,
+}
+
+impl http_body::Body for Framed {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        if let Some(payload) = self.payload.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(payload))));
+        }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let next = std::task::ready!(self.messages.poll_next_unpin(cx));
+        let status = match next {
+            Some(Ok(message)) => {
+                let Ok(len) = u32::try_from(message.len()) else {
+                    self.done = true;
+                    return Poll::Ready(Some(Ok(trailers(&Status::resource_exhausted(
+                        "message over 4 GiB",
+                    )))));
+                };
+                let mut prefix = bytes::BytesMut::with_capacity(5);
+                prefix.put_u8(0);
+                prefix.put_u32(len);
+                if !message.is_empty() {
+                    self.payload = Some(message);
+                }
+                return Poll::Ready(Some(Ok(http_body::Frame::data(prefix.freeze()))));
+            }
+            Some(Err(status)) => status,
+            None => Status::ok(""),
+        };
+        self.done = true;
+        Poll::Ready(Some(Ok(trailers(&status))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.payload.is_none()
     }
 }
 
-impl tonic::server::StreamingService<Bytes> for Call {
-    type Response = Bytes;
-    type ResponseStream = Messages;
-    type Future = BoxFuture<Result<Response<Messages>, Status>>;
-
-    fn call(&mut self, request: Request<Streaming<Bytes>>) -> Self::Future {
-        let (proxy, path) = (self.proxy.clone(), self.path.clone());
-        Box::pin(async move {
-            if path == DATAPATH {
-                datapath(proxy, request).await
-            } else {
-                logstream(proxy, request).await
-            }
-        })
+fn trailers(status: &Status) -> http_body::Frame<Bytes> {
+    let mut map = http::HeaderMap::new();
+    if status.add_header(&mut map).is_err() {
+        map.insert("grpc-status", http::HeaderValue::from_static("13"));
     }
+    http_body::Frame::trailers(map)
 }
 
 /// The `client_id` in `metadata`; FAILED_PRECONDITION without one.

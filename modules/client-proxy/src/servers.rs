@@ -524,7 +524,11 @@ mod tests {
 
     #[test]
     fn pool_goes_round_and_skips_taken_ports() {
-        let holder = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        // A port above the kernel's ephemeral range (32768–60999), so that
+        // no outgoing connection takes it once it is let go.
+        let holder = (61_500..65_500)
+            .find_map(|port| TcpListener::bind((Ipv4Addr::LOCALHOST, port)).ok())
+            .expect("a free port above the ephemeral range");
         let busy = holder.local_addr().unwrap().port();
         let pool = PortPool::new(busy..=busy);
         assert!(
@@ -532,7 +536,19 @@ mod tests {
             "a port someone listens on was handed out"
         );
         drop(holder);
-        assert_eq!(pool.take().unwrap(), busy);
+        // A child another test is spawning may hold a copy of the socket
+        // until its exec: wait for the port with a bound.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let taken = loop {
+            match pool.take() {
+                Ok(port) => break port,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => panic!("the freed port is not handed out: {e}"),
+            }
+        };
+        assert_eq!(taken, busy);
         assert!(pool.take().is_err(), "a port was handed out twice");
         pool.give_back(busy);
         assert_eq!(pool.in_use(), 0);

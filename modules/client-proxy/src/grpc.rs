@@ -144,7 +144,8 @@ impl<const KIND: u8> tower::Service<http::Request<Body>> for Service<KIND> {
     }
 }
 
-/// One call, handed to tonic's server machinery.
+/// A unary call, handed to tonic's server machinery (streamed answers are
+/// framed by [`framed`] instead).
 struct Call {
     proxy: Arc<Proxy>,
     path: String,

@@ -71,7 +71,8 @@ impl Results {
     }
 }
 
-fn median(mut values: Vec<f64>) -> Option<f64> {
+/// The median of `values` (the mean of the middle two for an even count).
+pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
     values.sort_by(f64::total_cmp);
     match values.len() {
         0 => None,

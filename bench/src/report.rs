@@ -13,6 +13,8 @@ use anyhow::Context as _;
 use clap::Args;
 use serde_json::Value;
 
+use crate::ray_report::median;
+
 /// Arguments of `report`.
 #[derive(Debug, Args)]
 pub(crate) struct ReportArgs {
@@ -41,7 +43,7 @@ impl Results {
 
     /// The median of `field` over every matching result (one per round).
     fn number(&self, kind: &str, target: &str, conns: Option<u64>, field: &str) -> Option<f64> {
-        let mut values: Vec<f64> = self
+        let values: Vec<f64> = self
             .0
             .iter()
             .filter(|v| {
@@ -51,12 +53,7 @@ impl Results {
             })
             .filter_map(|v| v["result"].get(field)?.as_f64())
             .collect();
-        values.sort_by(f64::total_cmp);
-        match values.len() {
-            0 => None,
-            n if n % 2 == 1 => Some(values[n / 2]),
-            n => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
-        }
+        median(values)
     }
 }
 

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use crate::gcs::Gcs;
 use crate::runtime_env::{self, EnvHint, RuntimeEnvs};
-use crate::servers::{Launcher, ServerError, SpecificServer};
+use crate::servers::{self, Launcher, ServerError, SpecificServer};
 
 /// How the proxy behaves.
 #[derive(Debug, Clone)]
@@ -370,7 +370,7 @@ impl Proxy {
     /// took the port between the pool's check and the server's bind.
     async fn launch(&self, port: u16, context: &str) -> Result<Arc<SpecificServer>, ServerError> {
         match self.launcher.start(port, context).await {
-            Err(ServerError::Exited { port: lost, .. }) if !port_free(lost) => {
+            Err(ServerError::Exited { port: lost, .. }) if !servers::bindable(lost) => {
                 warn!(
                     port = lost,
                     "the port was taken by another process; starting on another"
@@ -542,8 +542,4 @@ impl Proxy {
         }
         futures_util::future::join_all(servers.iter().map(|s| s.stop())).await;
     }
-}
-
-fn port_free(port: u16) -> bool {
-    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).is_ok()
 }

@@ -145,7 +145,7 @@ impl PortPool {
 }
 
 /// Whether nothing listens on `port` on loopback right now.
-fn bindable(port: u16) -> bool {
+pub(crate) fn bindable(port: u16) -> bool {
     TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).is_ok()
 }
 

@@ -69,10 +69,6 @@ impl Stopped {
 pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
     let session = Session::prepare(&config.session_dir)?;
     let _log_guard = logging::init(&session)?;
-    let ray_head = ray::add_modules(&mut config, &session)?;
-    for module in &config.modules {
-        Session::check_socket_path(&session.socket_path(&module.name))?;
-    }
     let mut builder = match config.server.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
@@ -85,6 +81,14 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
         .enable_all()
         .build()
         .map_err(StartupError::Runtime)?;
+    // Ray's zygote, when it is started here already, is a tokio child.
+    let (ray_head, early) = {
+        let _runtime = runtime.enter();
+        ray::add_modules(&mut config, &session)?
+    };
+    for module in &config.modules {
+        Session::check_socket_path(&session.socket_path(&module.name))?;
+    }
     let served = runtime.block_on(async {
         let addr = SocketAddr::new(config.host, config.port);
         let listener = TcpListener::bind(addr)
@@ -115,7 +119,7 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
                 }
             }
         };
-        run(config, session, listener, parent, shutdown).await;
+        run(config, session, listener, parent, early, shutdown).await;
         Ok(stopped)
     });
     // A blocking helper still running must not hold up the exit; the
@@ -124,20 +128,22 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
     served
 }
 
-/// Starts the modules and serves on `listener` (with Ray's parent-side
-/// pages when `ray` is given) until `shutdown` resolves;
+/// Starts the modules (taking over those in `early`) and serves on
+/// `listener` (with Ray's parent-side pages when `ray` is given) until
+/// `shutdown` resolves;
 /// then drains the HTTP server, stops the modules and removes their sockets.
 pub async fn run(
     config: Config,
     session: Session,
     listener: TcpListener,
     ray: Option<ray::RayParent>,
+    early: impl IntoIterator<Item = supervisor::EarlyStart>,
     shutdown: impl Future<Output = ()>,
 ) {
     let local = listener
         .local_addr()
         .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
-    let supervisor = Arc::new(Supervisor::start(&config.modules, &session));
+    let supervisor = Arc::new(Supervisor::start(&config.modules, &session, early));
     let proxy = Arc::new(Proxy::new(
         supervisor.modules().to_vec(),
         config.server.clone(),

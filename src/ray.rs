@@ -24,6 +24,7 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::error::StartupError;
 use crate::session::Session;
+use crate::supervisor::EarlyStart;
 use auth::Token;
 use gcs::{GcsClient, GcsStatus, Watcher};
 
@@ -114,6 +115,16 @@ impl Default for RaySettings {
 /// The fork shim's binary, built beside ray-dashd's.
 const SHIM: &str = "ray-dashd-fork-shim";
 
+/// The module name of Ray's zygote (not a Ray class name, so its socket is
+/// none that a Ray module uses).
+pub const ZYGOTE_MODULE: &str = "RayZygote";
+
+/// Where, in the launcher's folder, the zygote writes Ray's modules' config.
+const REPORT_FILE: &str = "modules.toml";
+
+/// How often the host looks for the zygote's report.
+const REPORT_POLL: Duration = Duration::from_millis(10);
+
 /// The Ray head a session belongs to.
 #[derive(Debug, Clone)]
 pub struct RayHead {
@@ -197,14 +208,18 @@ impl RayParent {
 }
 
 /// Adds Ray's modules to `config` when its `[ray]` settings ask for them.
-/// Returns the head they belong to, for [`watcher`].
+/// Returns the head they belong to, for [`watcher`], and Ray's zygote when
+/// it was started here already (for [`Supervisor::start`] to take over).
+/// Call within the runtime: the zygote is a tokio child.
+///
+/// [`Supervisor::start`]: crate::supervisor::Supervisor::start
 pub fn add_modules(
     config: &mut Config,
     session: &Session,
-) -> Result<Option<RayHead>, StartupError> {
+) -> Result<(Option<RayHead>, Option<EarlyStart>), StartupError> {
     let settings = config.ray.clone();
     if settings.modules == RayModules::Off {
-        return Ok(None);
+        return Ok((None, None));
     }
     let Some(gcs_address) = gcs_address(&session.dir) else {
         if settings.modules == RayModules::On {
@@ -214,12 +229,12 @@ pub fn add_modules(
             )));
         }
         info!(session = %session.dir.display(), "no Ray head found; Ray's modules are not hosted");
-        return Ok(None);
+        return Ok((None, None));
     };
     let not_hosted = |e: String| {
         if settings.modules == RayModules::Auto {
             warn!(python = %settings.python, error = %e, "Ray head found, but its modules cannot be hosted");
-            Ok(None)
+            Ok((None, None))
         } else {
             Err(StartupError::Ray(e))
         }
@@ -228,33 +243,44 @@ pub fn add_modules(
         .map_err(|e| StartupError::Ray(format!("cannot write the launcher: {e}")))?;
     let mut facts = Command::new(&settings.python);
     facts.arg(launcher_dir.join("head_facts.py"));
-    let routes = launcher_dir.join("routes.py");
-    let mut command = Command::new(&settings.python);
-    command
-        .arg(&routes)
-        .arg("--python")
-        .arg(&settings.python)
-        .arg("--launcher")
-        .arg(launcher_dir.join("launcher.py"))
+    // `routes.py`'s options, for it or for the zygote's report.
+    let mut routes_args: Vec<std::ffi::OsString> = vec![
+        "--python".into(),
+        settings.python.clone().into(),
+        "--launcher".into(),
+        launcher_dir.join("launcher.py").into(),
         // The host answers it from its cached check (see `gcs`).
-        .arg("--omit")
-        .arg(parent::GCS_HEALTH_PATH);
-    if let Some(shim) = shim(settings.launch) {
-        command
-            .arg("--shim")
-            .arg(shim)
-            .arg("--zygote")
-            .arg(launcher_dir.join("zygote.py"));
-    }
+        "--omit".into(),
+        parent::GCS_HEALTH_PATH.into(),
+    ];
+    let routes = launcher_dir.join("routes.py");
+    let origin = format!(
+        "<Ray's modules, from {} {}>",
+        settings.python,
+        routes.display()
+    );
     // Both import Ray (most of their time): run them at once.
-    let (facts, generated) = std::thread::scope(|scope| {
-        let facts = scope.spawn(|| run(facts, ROUTES_TIMEOUT));
-        let generated = run(command, ROUTES_TIMEOUT);
-        let facts = facts
-            .join()
-            .unwrap_or_else(|_| Err("head_facts.py runner panicked".to_owned()));
-        (facts, generated)
-    });
+    let facts = std::thread::spawn(move || run(facts, ROUTES_TIMEOUT));
+    let generated = match shim(settings.launch) {
+        Some(shim) => {
+            routes_args.extend(["--shim".into(), shim.into()]);
+            zygote_routes(
+                config,
+                session,
+                &settings.python,
+                &launcher_dir,
+                &routes_args,
+            )?
+        }
+        None => {
+            let mut command = Command::new(&settings.python);
+            command.arg(&routes).args(&routes_args);
+            run(command, ROUTES_TIMEOUT).map(|text| (text, None))
+        }
+    };
+    let facts = facts
+        .join()
+        .unwrap_or_else(|_| Err("head_facts.py runner panicked".to_owned()));
     // What the parent serves first: without it (a token that cannot be
     // read, say) the modules must not be exposed at all.
     let parent = match facts.and_then(|out| {
@@ -265,15 +291,10 @@ pub fn add_modules(
         Ok(parent) => parent,
         Err(e) => return not_hosted(e),
     };
-    let generated = match generated {
+    let (generated, zygote) = match generated {
         Ok(generated) => generated,
         Err(e) => return not_hosted(e),
     };
-    let origin = format!(
-        "<Ray's modules, from {} {}>",
-        settings.python,
-        routes.display()
-    );
     let before = config.modules.len();
     config.add_modules_toml(&origin, &generated)?;
     info!(
@@ -292,11 +313,93 @@ pub fn add_modules(
         config.add_modules_toml("<the Ray Client proxy>", &proxy)?;
         info!(port = settings.client_port, "hosting the Ray Client proxy");
     }
-    Ok(Some(RayHead {
+    let head = RayHead {
         gcs_address,
         parent,
         gcs_gone_after: settings.gcs_gone_after,
-    }))
+    };
+    Ok((Some(head), zygote))
+}
+
+/// Starts Ray's zygote (`zygote.py`, module [`ZYGOTE_MODULE`]) at once and
+/// has it report the route table of the modules it preloaded: it imports
+/// them anyway, so Ray is imported once rather than twice before the first
+/// module can start. Returns the config of the zygote and of Ray's modules
+/// (forked from it through the shim), and the running zygote; `Err` (the
+/// zygote's failure, with its stderr's end) when it exits without a report.
+fn zygote_routes(
+    config: &Config,
+    session: &Session,
+    python: &str,
+    launcher_dir: &Path,
+    routes_args: &[std::ffi::OsString],
+) -> Result<Result<(String, Option<EarlyStart>), String>, StartupError> {
+    let report = launcher_dir.join(REPORT_FILE);
+    match std::fs::remove_file(&report) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Ok(Err(format!("cannot remove {}: {e}", report.display())))
+        }
+        _ => {}
+    }
+    let mut command: Vec<String> = vec![
+        python.to_owned(),
+        path_str(&launcher_dir.join("zygote.py")),
+        "--app".to_owned(),
+        path_str(&launcher_dir.join("launcher.py")),
+        "--report".to_owned(),
+        path_str(&report),
+    ];
+    for arg in routes_args {
+        command.push("--report-arg".to_owned());
+        command.push(arg.to_string_lossy().into_owned());
+    }
+    let quote = |s: &str| serde_json::to_string(s).expect("UNWRAP: a string serializes");
+    let zygote_toml = format!(
+        "# Preloads Ray and its modules once, reports their routes; the modules are forked from it.\n\
+         [[modules]]\nname = {name}\ncommand = [{command}]\nroutes = []\n\n",
+        name = quote(ZYGOTE_MODULE),
+        command = command.iter().map(|a| quote(a)).collect::<Vec<_>>().join(", "),
+    );
+    let origin = "<Ray's zygote>";
+    let mut scratch = config.clone();
+    scratch.add_modules_toml(origin, &zygote_toml)?;
+    let spec = scratch
+        .modules
+        .last()
+        .expect("UNWRAP: the zygote was just added");
+    Session::check_socket_path(&session.socket_path(&spec.name))?;
+    let mut zygote = match EarlyStart::spawn(spec, session) {
+        Ok(zygote) => zygote,
+        Err(e) => return Ok(Err(format!("cannot start {python}: {e}"))),
+    };
+    let deadline = Instant::now() + ROUTES_TIMEOUT;
+    loop {
+        // The zygote renames the report into place when it is whole.
+        match std::fs::read_to_string(&report) {
+            Ok(text) => return Ok(Ok((zygote_toml + &text, Some(zygote)))),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Ok(Err(format!("cannot read {}: {e}", report.display())))
+            }
+            Err(_) => {}
+        }
+        if let Some(status) = zygote.try_exit() {
+            let tail = zygote.stderr_tail(session, 5);
+            return Ok(Err(format!(
+                "Ray's zygote ({}) exited ({status}) before reporting Ray's modules: {tail}",
+                command.join(" ")
+            )));
+        }
+        if Instant::now() >= deadline {
+            return Ok(Err(format!(
+                "Ray's zygote did not report Ray's modules within {ROUTES_TIMEOUT:?}"
+            )));
+        }
+        std::thread::sleep(REPORT_POLL);
+    }
+}
+
+fn path_str(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
 }
 
 /// The Ray Client proxy as a module: `ray://<host>:<port>` clients, each

@@ -19,11 +19,14 @@ mod spawn;
 mod state;
 mod task;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
+use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -202,6 +205,62 @@ pub struct RouteReport {
     pub kind: String,
 }
 
+/// A module's first incarnation, started before the supervisor: the host
+/// starts Ray's zygote while it reads other things, and learns the other
+/// modules' routes from it. [`Supervisor::start`] takes it over as the
+/// module's incarnation 0; dropped instead, its process group is killed.
+#[derive(Debug)]
+pub struct EarlyStart {
+    name: String,
+    child: Option<Child>,
+    started_at: SystemTime,
+}
+
+impl EarlyStart {
+    /// Starts incarnation 0 of `spec` exactly as its module task would
+    /// (stale socket removed, own process group, tied to the host's life,
+    /// logs in `<logs>/dashboard_<name>.out`/`.err`). Call within the
+    /// runtime.
+    pub fn spawn(spec: &ModuleSpec, session: &Session) -> std::io::Result<EarlyStart> {
+        let socket = session.socket_path(&spec.name);
+        task::remove_stale_socket(&socket)?;
+        let child = spawn::spawn_module(spec, session, &socket, 0)?;
+        Ok(EarlyStart {
+            name: spec.name.clone(),
+            child: Some(child),
+            started_at: SystemTime::now(),
+        })
+    }
+
+    /// Its exit status, once it has exited.
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// The last lines of its stderr log, for a failure report.
+    pub fn stderr_tail(&self, session: &Session, lines: usize) -> String {
+        spawn::tail(&spawn::log_path(session, &self.name, "err"), lines)
+    }
+
+    fn take(mut self) -> (Child, SystemTime) {
+        let child = self
+            .child
+            .take()
+            .expect("UNWRAP: an early start holds its child until taken");
+        (child, self.started_at)
+    }
+}
+
+impl Drop for EarlyStart {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.as_ref().and_then(Child::id) {
+            spawn::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
 /// All the modules of one host.
 #[derive(Debug)]
 pub struct Supervisor {
@@ -212,8 +271,15 @@ pub struct Supervisor {
 
 impl Supervisor {
     /// Spawns a task for every module; each starts its first incarnation at
-    /// once and independently of the others.
-    pub fn start(specs: &[ModuleSpec], session: &Session) -> Supervisor {
+    /// once and independently of the others, or takes over the one in
+    /// `early` of its name.
+    pub fn start(
+        specs: &[ModuleSpec],
+        session: &Session,
+        early: impl IntoIterator<Item = EarlyStart>,
+    ) -> Supervisor {
+        let mut early: HashMap<String, EarlyStart> =
+            early.into_iter().map(|e| (e.name.clone(), e)).collect();
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
         let modules = specs
@@ -233,6 +299,7 @@ impl Supervisor {
                     session: session.clone(),
                     controls: controls_rx,
                     shutdown: stop.clone(),
+                    early: early.remove(&spec.name).map(EarlyStart::take),
                 };
                 let span = tracing::info_span!("module", module = %spec.name);
                 tracker.spawn(task.run().instrument(span));

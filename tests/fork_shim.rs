@@ -292,3 +292,68 @@ async fn a_stopped_zygote_removes_its_fork_socket() {
         fork_socket.display()
     );
 }
+
+/// With `--report FILE`, the zygote writes what its app reports (given the
+/// `--report-arg`s) to FILE, mode 0600, before it counts as ready.
+#[tokio::test]
+async fn the_zygote_writes_its_apps_report_before_it_is_ready() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let report = dir.path().join("report.json");
+    let report_arg = report.display().to_string();
+    let d = dashd()
+        .module(command_module(
+            "Z",
+            &[
+                &py,
+                ZYGOTE,
+                "--app",
+                APP,
+                "--report",
+                &report_arg,
+                "--report-arg",
+                "--omit",
+                "--report-arg",
+                "/x y",
+                "alpha",
+            ],
+        ))
+        .start();
+    d.healthy("Z", 0).await;
+    let text = std::fs::read_to_string(&report).expect("the report is there once Z is ready");
+    let written: Value = serde_json::from_str(&text).expect("the app's JSON");
+    assert_eq!(
+        written,
+        serde_json::json!({"args": ["--omit", "/x y"], "preloaded": ["alpha"]})
+    );
+    let mode = std::fs::metadata(&report)
+        .expect("stat")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+
+    // A report that fails is the zygote's failure, named in its log.
+    let failing = dashd()
+        .module(command_module(
+            "Z",
+            &[
+                &py,
+                ZYGOTE,
+                "--app",
+                APP,
+                "--report",
+                &report_arg,
+                "--report-arg",
+                "fail",
+            ],
+        ))
+        .start();
+    let logged = eventually(GONE, || async {
+        let err = std::fs::read_to_string(failing.session().join("logs/dashboard_Z.err")).ok()?;
+        err.contains("asked to fail").then_some(err)
+    })
+    .await;
+    assert!(logged.is_some(), "{}", failing.log());
+    assert_ne!(failing.module("Z").await["state"], "healthy");
+}

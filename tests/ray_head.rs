@@ -363,6 +363,22 @@ async fn ray_cli_works_through_ray_dashd() {
         .env("RAY_AUTH_TOKEN", &token())
         .start();
     all_ray_modules_healthy(&d).await;
+    // The zygote the host started before its supervisor (it reads Ray's
+    // route table from it) is the one the supervisor keeps: incarnation 0,
+    // preloaded once.
+    let zygote = module(&d, "RayZygote").await;
+    assert_eq!(
+        (zygote["incarnation"].as_u64(), zygote["restarts"].as_u64()),
+        (Some(0), Some(0)),
+        "{zygote:#}"
+    );
+    let zygote_log = std::fs::read_to_string(head.session().join("logs/dashboard_RayZygote.err"))
+        .expect("the zygote's log");
+    assert_eq!(
+        zygote_log.matches("zygote: preloaded").count(),
+        1,
+        "{zygote_log}"
+    );
     // With Ray's modules comes the Ray Client proxy.
     let proxy_healthy = crate::support::eventually(RAY_WAIT, || async {
         let module: Value = authed()

@@ -288,19 +288,35 @@ def preload(targets: list) -> list:
     """In the zygote, once: check Ray and import the module classes.
 
     Each target is `ClassName=python.module` (as routes.py writes them) or a
-    bare `ClassName` (found through Ray's discovery of all modules). Imports
-    only: nothing may start a thread or open a connection here, since the
-    zygote forks afterwards. Returns the class names; raises on a Ray whose
-    internals differ or a class that is not there.
+    bare `ClassName` (found through Ray's discovery of all modules); no
+    target at all means every module Ray itself would load here
+    (`is_enabled()`), found by Ray's discovery. Imports only: nothing may
+    start a thread or open a connection here, since the zygote forks
+    afterwards. Returns the class names; raises on a Ray whose internals
+    differ or a class that is not there.
     """
     internals = dashd_ray.RayInternals()
     classes = {}
     for target in targets:
         name, _, python_module = target.partition("=")
         classes[name] = internals.module_class(name, python_module)
+    if not targets:
+        for cls in internals.all_module_classes():
+            if cls.is_enabled():
+                classes[cls.__name__] = cls
     _preloaded["internals"] = internals
     _preloaded["classes"] = classes
     return sorted(classes)
+
+
+def report(args: list) -> str:
+    """In the zygote, after preload(): the `[[modules]]` config of the
+    preloaded classes, as `routes.py ARGS --shim ...` prints it minus the
+    zygote's own entry (ray-dashd started the zygote already)."""
+    import routes
+
+    return routes.report(list(_preloaded["classes"].values()),
+                         _preloaded["internals"], args)
 
 
 def run_forked(class_name: str) -> None:

@@ -2,12 +2,16 @@
 
 Usage (a ray-dashd module of its own, with no routes):
 
-    python zygote.py --app launcher.py TARGET...
+    python zygote.py --app launcher.py [--report FILE [--report-arg ARG]...] [TARGET...]
 
 It imports the app file and calls its `preload(targets)` once: for Ray,
 `launcher.py` imports Ray, aiohttp and the module classes named by the
-targets (`JobHead=ray.dashboard.modules.job.job_head`, ...) and checks Ray's
-internals. It then waits for `ray-dashd-fork-shim` processes (one per
+targets (`JobHead=ray.dashboard.modules.job.job_head`, ...; none: every
+module Ray would load) and checks Ray's internals. With --report, it then
+writes what the app's `report(args)` returns (for Ray: the `[[modules]]`
+config of the preloaded modules, routes and all) to FILE, atomically, so
+that ray-dashd learns the route table from the process that has just
+imported it instead of importing Ray twice. It then waits for `ray-dashd-fork-shim` processes (one per
 supervised module) on the Unix socket `$RAY_DASHD_SOCKET.fork`, and for each
 request forks a child that runs `app.run_forked(name)`: the module, on the
 pages the zygote already holds, so the children share them (copy-on-write).
@@ -481,9 +485,22 @@ def main(argv) -> int:
     # children's collections then leave the inherited objects' pages alone),
     # collect again in the child.
     gc.disable()
+    usage = "usage: zygote.py --app APP.py [--report FILE [--report-arg ARG]...] [TARGET...]"
     if len(argv) < 3 or argv[1] != "--app":
-        say("usage: zygote.py --app APP.py TARGET...")
+        say(usage)
         return EXIT_BAD_USAGE
+    app_path, rest = argv[2], argv[3:]
+    report_path, report_args = None, []
+    while rest[:1] in (["--report"], ["--report-arg"]):
+        if len(rest) < 2:
+            say(usage)
+            return EXIT_BAD_USAGE
+        if rest[0] == "--report":
+            report_path = rest[1]
+        else:
+            report_args.append(rest[1])
+        rest = rest[2:]
+    report = (report_path, report_args) if report_path else None
     health_path = os.environ.get("RAY_DASHD_SOCKET")
     if not health_path:
         say("RAY_DASHD_SOCKET is not set: this program is meant to be started by ray-dashd")
@@ -500,7 +517,7 @@ def main(argv) -> int:
     # SIGTERM (ray-dashd stopping us) unwinds through the cleanup below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        child = run(argv[2], argv[3:], health_path, fork_sock, env_before)
+        child = run(app_path, rest, report, health_path, fork_sock, env_before)
     finally:
         if os.getpid() == zygote_pid:
             remove_socket(fork_path, bound)
@@ -512,9 +529,10 @@ def main(argv) -> int:
     return 0
 
 
-def run(app_path: str, targets, health_path: str, fork_sock, env_before: dict):
-    """Preloads and serves. Returns an exit status in the zygote (it failed),
-    and the job to run in a forked child."""
+def run(app_path: str, targets, report, health_path: str, fork_sock, env_before: dict):
+    """Preloads, reports (`report`: None or (FILE, ARGS)) and serves.
+    Returns an exit status in the zygote (it failed), and the job to run in
+    a forked child."""
     started = time.monotonic()
     try:
         app = load_app(app_path)
@@ -522,6 +540,12 @@ def run(app_path: str, targets, health_path: str, fork_sock, env_before: dict):
     except Exception as exc:
         say(f"preload failed: {exc}")
         return EXIT_BAD_USAGE
+    if report is not None:
+        try:
+            write_atomically(report[0], app.report(report[1]))
+        except BaseException as exc:  # argparse exits with SystemExit
+            say(f"report to {report[0]} failed: {exc!r}")
+            return EXIT_BAD_USAGE
     threads = thread_count()
     if threads != 1:
         say(f"preloading left {threads} threads running: forking would not be safe")
@@ -537,6 +561,15 @@ def run(app_path: str, targets, health_path: str, fork_sock, env_before: dict):
     say(f"preloaded {', '.join(sorted(names))} in {time.monotonic() - started:.2f}s "
         f"({filled} bytes of free blocks filled); forking on {health_path}.fork")
     return Zygote(app, names, fork_sock, health_sock, env_before).serve()
+
+
+def write_atomically(path: str, text: str) -> None:
+    """`text` to `path` (mode 0600): a reader sees all of it or no file."""
+    temp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(temp, path)
 
 
 def remove_socket(path: str, inode: int) -> None:

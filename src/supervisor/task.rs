@@ -7,6 +7,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, sleep, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -50,6 +51,8 @@ pub(crate) struct ModuleTask {
     pub(crate) session: Session,
     pub(crate) controls: mpsc::Receiver<Control>,
     pub(crate) shutdown: CancellationToken,
+    /// Incarnation 0, when the host started it before the supervisor.
+    pub(crate) early: Option<(Child, SystemTime)>,
 }
 
 impl ModuleTask {
@@ -120,8 +123,14 @@ impl ModuleTask {
             s.ready_at = None;
             s.next_start_at = None;
         });
-        let spawned = remove_stale_socket(socket)
-            .and_then(|()| spawn_module(&shared.spec, &self.session, socket, incarnation));
+        let (spawned, started_at) = match self.early.take() {
+            Some((child, started_at)) => (Ok(child), started_at),
+            None => (
+                remove_stale_socket(socket)
+                    .and_then(|()| spawn_module(&shared.spec, &self.session, socket, incarnation)),
+                SystemTime::now(),
+            ),
+        };
         let mut child = match spawned {
             Ok(child) => child,
             Err(e) => {
@@ -141,7 +150,7 @@ impl ModuleTask {
         info!(incarnation, pid, "module spawned");
         shared.update(|s| {
             s.pid = Some(pid);
-            s.started_at = Some(SystemTime::now());
+            s.started_at = Some(started_at);
             s.record("spawned", format!("pid {pid}"));
         });
 

@@ -1,21 +1,27 @@
 //! The Ray Client proxy module (`ray-dashd-client-proxy`) under the host,
 //! with fake Ray client servers (`ray-dashd-fake-client-server`) standing in
 //! for Ray's: forwarding, metadata, PING, num_clients, reconnects, cleanup,
-//! port reclaim, failures, KV before a server exists, 500 clients, and the
-//! module being killed and restarted by the host.
+//! port reclaim, failures, KV before a server exists, 500 clients, the
+//! module being killed and restarted by the host, and (with a server the
+//! test serves itself) driver calls passed through byte for byte and a
+//! server dying mid-answer.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use nix::sys::signal::Signal;
+use prost::Message;
 use ray_proto::rpc::cluster_info_response::ResponseType;
 use ray_proto::rpc::cluster_info_type::TypeEnum as ClusterInfoType;
 use ray_proto::rpc::internal_kv_gcs_service_server::{
     InternalKvGcsService, InternalKvGcsServiceServer,
 };
 use ray_proto::rpc::raylet_data_streamer_client::RayletDataStreamerClient;
+use ray_proto::rpc::raylet_data_streamer_server::{RayletDataStreamer, RayletDataStreamerServer};
 use ray_proto::rpc::raylet_driver_client::RayletDriverClient;
+use ray_proto::rpc::raylet_driver_server::{RayletDriver, RayletDriverServer};
 use ray_proto::rpc::raylet_log_streamer_client::RayletLogStreamerClient;
 use ray_proto::rpc::runtime_env_gcs_service_server::{
     RuntimeEnvGcsService, RuntimeEnvGcsServiceServer,
@@ -23,10 +29,11 @@ use ray_proto::rpc::runtime_env_gcs_service_server::{
 use ray_proto::rpc::{
     data_request, data_response, ClientPinRuntimeEnvUriRequest, ClusterInfoRequest,
     ConnectionCleanupRequest, ConnectionInfoRequest, DataRequest, DataResponse, GcsStatus,
-    GetRequest, InitRequest, InternalKvExistsReply, InternalKvExistsRequest, InternalKvGetReply,
-    InternalKvGetRequest, InternalKvPutReply, InternalKvPutRequest, KvExistsRequest, KvGetRequest,
-    KvPutRequest, LogSettingsRequest, PinRuntimeEnvUriReply, PinRuntimeEnvUriRequest,
-    PrepRuntimeEnvRequest, PutRequest,
+    GetRequest, GetResponse, InitRequest, InitResponse, InternalKvExistsReply,
+    InternalKvExistsRequest, InternalKvGetReply, InternalKvGetRequest, InternalKvPutReply,
+    InternalKvPutRequest, KvExistsRequest, KvGetRequest, KvPutRequest, KvPutResponse,
+    LogSettingsRequest, PinRuntimeEnvUriReply, PinRuntimeEnvUriRequest, PrepRuntimeEnvRequest,
+    PutRequest,
 };
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -54,6 +61,7 @@ struct Setup {
     warm_spare: bool,
     gcs: Option<String>,
     env: Vec<(String, String)>,
+    server_command: Option<Vec<String>>,
 }
 
 fn setup(ports: String) -> Setup {
@@ -62,6 +70,7 @@ fn setup(ports: String) -> Setup {
         warm_spare: false,
         gcs: None,
         env: vec![],
+        server_command: None,
     }
 }
 
@@ -81,6 +90,12 @@ impl Setup {
         self
     }
 
+    /// Servers started with `argv` rather than the fake server.
+    fn server_command(mut self, argv: &[&str]) -> Self {
+        self.server_command = Some(argv.iter().map(|&a| a.to_owned()).collect());
+        self
+    }
+
     /// ray-dashd with the proxy module on a free client port.
     async fn start(self) -> (Dashd, u16) {
         let proxy = bin_dir()
@@ -92,17 +107,17 @@ impl Setup {
             .display()
             .to_string();
         let spare = self.warm_spare.to_string();
-        let mut command = vec![
-            proxy.as_str(),
-            "--ray-client-port",
-            "0",
-            "--server-command",
-            fake.as_str(),
+        let server_command = self.server_command.unwrap_or_else(|| vec![fake]);
+        let mut command = vec![proxy.as_str(), "--ray-client-port", "0"];
+        for word in &server_command {
+            command.extend(["--server-command", word.as_str()]);
+        }
+        command.extend([
             "--port-range",
             self.ports.as_str(),
             "--warm-spare",
             spare.as_str(),
-        ];
+        ]);
         if let Some(gcs) = &self.gcs {
             command.extend(["--gcs-address", gcs.as_str()]);
         }
@@ -934,4 +949,266 @@ async fn five_hundred_concurrent_clients() {
         "servers left: {}",
         clients_view(&d).await["ports_in_use"]
     );
+}
+
+/// A driver call as it reached the server: path, metadata, request body.
+type Seen = (String, http::HeaderMap, bytes::Bytes);
+
+/// A server the test controls, standing in for a client's server: `init`
+/// is answered ok; `KVPut` answers with response metadata; `GetObject`
+/// sends one chunk, then nothing until its connection goes. The driver
+/// calls are recorded as they arrived.
+#[derive(Debug, Clone, Default)]
+struct Controlled {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+#[tonic::async_trait]
+impl RayletDriver for Controlled {
+    async fn kv_put(
+        &self,
+        _request: Request<KvPutRequest>,
+    ) -> Result<tonic::Response<KvPutResponse>, tonic::Status> {
+        let mut response = tonic::Response::new(KvPutResponse {
+            already_exists: true,
+        });
+        response
+            .metadata_mut()
+            .insert("x-served-by", "controlled".parse().expect("ascii"));
+        Ok(response)
+    }
+
+    async fn get_object(
+        &self,
+        _request: Request<GetRequest>,
+    ) -> Result<tonic::Response<tonic::codegen::BoxStream<GetResponse>>, tonic::Status> {
+        let first = GetResponse {
+            valid: true,
+            data: vec![1; 1 << 20],
+            chunk_id: 0,
+            total_chunks: 2,
+            ..Default::default()
+        };
+        let chunks = futures_util::stream::once(std::future::ready(Ok(first)))
+            .chain(futures_util::stream::pending());
+        Ok(tonic::Response::new(Box::pin(chunks)))
+    }
+}
+
+#[tonic::async_trait]
+impl RayletDataStreamer for Controlled {
+    async fn datapath(
+        &self,
+        request: Request<Streaming<DataRequest>>,
+    ) -> Result<tonic::Response<tonic::codegen::BoxStream<DataResponse>>, tonic::Status> {
+        let answers = request.into_inner().filter_map(|r| {
+            std::future::ready(match r {
+                Ok(DataRequest {
+                    req_id,
+                    r#type: Some(data_request::Type::Init(_)),
+                }) => Some(Ok(DataResponse {
+                    req_id,
+                    r#type: Some(data_response::Type::Init(InitResponse {
+                        ok: true,
+                        msg: String::new(),
+                    })),
+                })),
+                _ => None,
+            })
+        });
+        Ok(tonic::Response::new(Box::pin(answers)))
+    }
+}
+
+/// Records each driver call's path, metadata and body, then hands the call
+/// on to the generated server.
+#[derive(Debug, Clone)]
+struct Recording(RayletDriverServer<Controlled>, Controlled);
+
+impl tonic::server::NamedService for Recording {
+    const NAME: &'static str = "ray.rpc.RayletDriver";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Recording {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let (mut inner, seen) = (self.0.clone(), self.1.seen.clone());
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let bytes = http_body_util::BodyExt::collect(body)
+                .await
+                .expect("request body")
+                .to_bytes();
+            seen.lock().expect("lock").push((
+                parts.uri.path().to_owned(),
+                parts.headers.clone(),
+                bytes.clone(),
+            ));
+            let body = tonic::body::Body::new(http_body_util::Full::new(bytes));
+            tower::Service::call(&mut inner, http::Request::from_parts(parts, body)).await
+        })
+    }
+}
+
+/// Passes every connection to `listener` on to `to` until aborted; the
+/// abort drops them all at once, as a server's death does.
+fn relay(
+    listener: tokio::net::TcpListener,
+    to: std::net::SocketAddr,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut links = tokio::task::JoinSet::new();
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            links.spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    })
+}
+
+/// The metadata and request bytes of driver calls reach the server as the
+/// client sent them and its answer metadata comes back; a `GetObject`
+/// whose server dies mid-answer ends with UNAVAILABLE naming the server's
+/// port, not a hang.
+#[tokio::test]
+async fn driver_calls_pass_through_and_a_server_death_mid_answer_is_unavailable() {
+    // The "server" process only says which port it was given; the test
+    // serves that port itself, through a relay it can cut.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let marker = dir.path().join("port");
+    let marker_arg = marker.display().to_string();
+    let script = r#"for a; do case "$a" in --port=*) echo "${a#--port=}" > "$0.new" && mv "$0.new" "$0";; esac; done; exec sleep 600"#;
+    let (d, port) = setup(port_block(11, 10))
+        .server_command(&["/bin/sh", "-c", script, &marker_arg])
+        .start()
+        .await;
+
+    let controlled = Controlled::default();
+    let inner = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the controlled server");
+    let inner_addr = inner.local_addr().expect("addr");
+    let server_task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(Recording(
+                RayletDriverServer::new(controlled.clone()),
+                controlled.clone(),
+            ))
+            .add_service(RayletDataStreamerServer::new(controlled.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(inner)),
+    );
+
+    let client_channel = channel(port).await;
+    let connecting = tokio::spawn(async move { TestClient::connect(port, "mortal", 30).await });
+    let server_port: u16 = eventually(WAIT, || async {
+        std::fs::read_to_string(&marker)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+    })
+    .await
+    .expect("the server command was started");
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", server_port))
+        .await
+        .expect("bind the server's port");
+    let link = relay(listener, inner_addr);
+    let _client = connecting.await.expect("client connects");
+
+    // A unary call that goes through untouched, metadata both ways.
+    let put = KvPutRequest {
+        key: vec![0, 255, 7],
+        value: (0..=255).collect(),
+        overwrite: true,
+        namespace: Some("ns".into()),
+    };
+    let mut request = with_id(put.clone(), "mortal");
+    request
+        .metadata_mut()
+        .insert("x-test", "forwarded".parse().expect("ascii"));
+    request.metadata_mut().insert_bin(
+        "x-raw-bin",
+        tonic::metadata::MetadataValue::from_bytes(&[0, 1, 254, 255]),
+    );
+    request.set_timeout(Duration::from_secs(7));
+    let answer = RayletDriverClient::new(client_channel.clone())
+        .kv_put(request)
+        .await
+        .expect("KVPut forwarded");
+    assert!(answer.get_ref().already_exists);
+    assert_eq!(
+        answer.metadata().get("x-served-by").expect("metadata back"),
+        "controlled"
+    );
+
+    let seen = controlled.seen.lock().expect("lock").clone();
+    let (path, headers, body) = seen
+        .iter()
+        .find(|(path, ..)| path.ends_with("/KVPut"))
+        .expect("KVPut reached the server");
+    assert_eq!(path, "/ray.rpc.RayletDriver/KVPut");
+    let message = put.encode_to_vec();
+    let mut framed = vec![0];
+    framed.extend((message.len() as u32).to_be_bytes());
+    framed.extend(&message);
+    assert_eq!(body.as_ref(), framed.as_slice(), "request bytes changed");
+    assert_eq!(headers["client_id"], "mortal");
+    assert_eq!(headers["x-test"], "forwarded");
+    assert_eq!(headers["x-raw-bin"], "AAH+/w");
+    assert_eq!(headers["te"], "trailers");
+    assert_eq!(headers["content-type"], "application/grpc");
+    assert!(headers.contains_key("grpc-timeout"), "{headers:?}");
+    let user_agent = headers["user-agent"].to_str().expect("ascii");
+    assert!(
+        user_agent.starts_with("tonic/"),
+        "the client's user-agent: {user_agent}"
+    );
+    assert!(!headers.contains_key("host"), "{headers:?}");
+
+    // The server dies while a GetObject answer is half sent.
+    let mut chunks = RayletDriverClient::new(client_channel.clone())
+        .max_decoding_message_size(usize::MAX)
+        .get_object(with_id(
+            GetRequest {
+                ids: vec![vec![1]],
+                ..Default::default()
+            },
+            "mortal",
+        ))
+        .await
+        .expect("GetObject answered")
+        .into_inner();
+    let first = tokio::time::timeout(WAIT, chunks.message())
+        .await
+        .expect("first chunk in time")
+        .expect("first chunk")
+        .expect("a chunk");
+    assert_eq!(first.data.len(), 1 << 20);
+    let server_pid = entry(&d, "mortal").await.expect("listed")["server_pid"]
+        .as_u64()
+        .expect("server pid");
+    kill(server_pid, Signal::SIGKILL);
+    link.abort();
+    let ended = tokio::time::timeout(WAIT, chunks.message())
+        .await
+        .expect("the answer ends, not hangs");
+    let status = ended.expect_err("a broken answer is an error");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains(&server_port.to_string()),
+        "the status names the server: {status:?}"
+    );
+    server_task.abort();
 }

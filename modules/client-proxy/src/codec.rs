@@ -1,6 +1,7 @@
-//! A gRPC codec that leaves messages as bytes, so forwarded calls and streams
-//! cross the proxy unparsed: unknown fields survive and nothing is copied into
-//! Rust types that the proxy does not need to read.
+//! A gRPC codec that leaves messages as bytes, so the streams forwarded
+//! message by message (`Datapath`, `Logstream`) cross the proxy unparsed:
+//! unknown fields survive and nothing is copied into Rust types that the
+//! proxy does not need to read.
 
 use bytes::{Buf, BufMut, Bytes};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};

@@ -1,22 +1,26 @@
 //! The gRPC side: Ray's three client services, served on the client port.
 //!
-//! Every call is forwarded as bytes to the server of the client that names
-//! itself in the `client_id` metadata. The exceptions are the ones Ray's
-//! own proxier makes: `ClusterInfo(PING)` is answered here; KV calls and
-//! `PinRuntimeEnvURI` made before the client has a server go to the GCS;
-//! `PrepRuntimeEnv` is not implemented; and `Datapath` is watched for the
-//! `init` (which decides the server) and rewritten in one place
-//! (`connection_info.num_clients` is the proxy's count).
+//! Every call is forwarded to the server of the client that names itself in
+//! the `client_id` metadata. `RayletDriver` calls (`GetObject` included) go
+//! through at the HTTP/2 level, body and trailers untouched, as
+//! [`forward`] does. The exceptions are the ones Ray's own proxier makes:
+//! `ClusterInfo(PING)` is answered here; KV calls and `PinRuntimeEnvURI`
+//! made before the client has a server go to the GCS; `PrepRuntimeEnv` is
+//! not implemented; and `Datapath` is watched for the `init` (which decides
+//! the server) and rewritten in one place (`connection_info.num_clients` is
+//! the proxy's count), so it and `Logstream` are forwarded message by
+//! message.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{BufMut, Bytes};
+use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::stream::{self, BoxStream, StreamExt};
 use futures_util::Stream;
 use http::uri::PathAndQuery;
+use http_body_util::BodyExt;
 use prost::Message;
 use ray_proto::rpc::cluster_info_response::ResponseType;
 use ray_proto::rpc::cluster_info_type::TypeEnum as ClusterInfoType;
@@ -46,7 +50,10 @@ const DATA: &str = "ray.rpc.RayletDataStreamer";
 const LOGS: &str = "ray.rpc.RayletLogStreamer";
 const DATAPATH: &str = "/ray.rpc.RayletDataStreamer/Datapath";
 const LOGSTREAM: &str = "/ray.rpc.RayletLogStreamer/Logstream";
-const GET_OBJECT: &str = "/ray.rpc.RayletDriver/GetObject";
+/// The path prefix of `RayletDriver` calls.
+const DRIVER_PREFIX: &str = "/ray.rpc.RayletDriver/";
+/// The gRPC message prefix: a compressed flag and a 4-byte length.
+const PREFIX_BYTES: usize = 5;
 
 /// The metadata key a client names itself with.
 const CLIENT_ID: &str = "client_id";
@@ -91,11 +98,6 @@ impl NamedService for Service<2> {
     const NAME: &'static str = LOGS;
 }
 
-fn grpc() -> tonic::server::Grpc<RawCodec> {
-    tonic::server::Grpc::new(RawCodec)
-        .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), Some(MAX_MESSAGE_BYTES))
-}
-
 fn client_grpc(server: &SpecificServer) -> tonic::client::Grpc<H2Client> {
     tonic::client::Grpc::with_origin(server.client.clone(), server.origin.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -113,7 +115,6 @@ impl<const KIND: u8> tower::Service<http::Request<Body>> for Service<KIND> {
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let proxy = self.proxy.clone();
-        let path = request.uri().path().to_owned();
         if let Some(token) = &proxy.settings.token {
             let presented = request
                 .headers()
@@ -125,60 +126,251 @@ impl<const KIND: u8> tower::Service<http::Request<Body>> for Service<KIND> {
             }
         }
         Box::pin(async move {
-            let call = Call {
-                proxy,
-                path: path.clone(),
-            };
-            let response = match path.as_str() {
-                DATAPATH => framed(datapath(call.proxy, incoming(request)).await),
-                LOGSTREAM => framed(logstream(call.proxy, incoming(request)).await),
-                GET_OBJECT => match first_message(incoming(request)).await {
-                    Ok(request) => framed(get_object(call.proxy, &call.path, request).await),
-                    Err(status) => status.into_http(),
-                },
-                p if p.starts_with("/ray.rpc.RayletDriver/") => grpc().unary(call, request).await,
-                _ => Status::unimplemented(format!("unknown method {path}")).into_http(),
+            let response = match request.uri().path() {
+                DATAPATH => framed(datapath(proxy, incoming(request)).await),
+                LOGSTREAM => framed(logstream(proxy, incoming(request)).await),
+                p if p.starts_with(DRIVER_PREFIX) => driver_call(proxy, request)
+                    .await
+                    .unwrap_or_else(Status::into_http),
+                p => Status::unimplemented(format!("unknown method {p}")).into_http(),
             };
             Ok(response)
         })
     }
 }
 
-/// A unary call, handed to tonic's server machinery (streamed answers are
-/// framed by [`framed`] instead).
-struct Call {
+/// A `RayletDriver` call: answered here when Ray's proxier would, otherwise
+/// forwarded untouched to the client's server. Only the calls the proxy may
+/// answer have their (small, unary) request read first.
+async fn driver_call(
     proxy: Arc<Proxy>,
-    path: String,
-}
-
-impl tonic::server::UnaryService<Bytes> for Call {
-    type Response = Bytes;
-    type Future = BoxFuture<Result<Response<Bytes>, Status>>;
-
-    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
-        let (proxy, path) = (self.proxy.clone(), self.path.clone());
-        Box::pin(async move { unary(proxy, path, request).await })
-    }
-}
-
-/// `GetObject`: the one request goes to the client's server, its chunks
-/// come back as they arrive.
-async fn get_object(
-    proxy: Arc<Proxy>,
-    path: &str,
-    request: Request<Bytes>,
-) -> Result<Response<Messages>, Status> {
-    let client = known_client(&proxy, request.metadata())?;
+    request: http::Request<Body>,
+) -> Result<http::Response<Body>, Status> {
+    let (parts, body) = request.into_parts();
+    let method = parts.uri.path().rsplit('/').next().unwrap_or_default();
+    let body = match method {
+        "ClusterInfo" => {
+            let frame = buffered(body).await?;
+            let asked: ClusterInfoRequest = decode(&single_message(&frame)?)?;
+            if asked.r#type == ClusterInfoType::Ping as i32 {
+                return Ok(unary_reply(reply(ClusterInfoResponse {
+                    r#type: asked.r#type,
+                    response_type: Some(ResponseType::Json("{}".into())),
+                })));
+            }
+            Body::new(http_body_util::Full::new(frame))
+        }
+        "PrepRuntimeEnv" => return Err(Status::unimplemented("PrepRuntimeEnv is not implemented")),
+        "KVGet" | "KVPut" | "KVDel" | "KVList" | "KVExists" | "PinRuntimeEnvURI" => {
+            let id = client_id(&parts.headers)?;
+            let has_server = proxy.client(&id).and_then(|c| c.ready_server()).is_some();
+            if !has_server {
+                let frame = buffered(body).await?;
+                let answer = gcs_call(&proxy, method, &single_message(&frame)?).await;
+                return Ok(unary_reply(answer));
+            }
+            body
+        }
+        _ => body,
+    };
+    let client = known_client(&proxy, &parts.headers)?;
     let server = client
         .server(proxy.settings.server_wait)
         .await
         .map_err(Status::not_found)?;
-    let mut grpc = client_grpc(&server);
-    ready(&mut grpc, &server).await?;
-    let response = grpc
-        .server_streaming(forwardable(request), path_of(path), RawCodec)
-        .await?;
-    Ok(response.map(|s| s.boxed()))
+    forward(&server, parts, body).await
+}
+
+/// Sends a call to `server` as it came: same method, path, metadata and
+/// body (already gRPC-framed), and returns the server's response as it
+/// comes, its data frames the same `Bytes`.
+async fn forward(
+    server: &SpecificServer,
+    parts: http::request::Parts,
+    body: Body,
+) -> Result<http::Response<Body>, Status> {
+    let mut uri = server.origin.clone().into_parts();
+    uri.path_and_query = parts.uri.path_and_query().cloned();
+    let mut request = http::Request::new(body);
+    *request.method_mut() = parts.method;
+    *request.uri_mut() =
+        http::Uri::from_parts(uri).expect("UNWRAP: an http origin with a path is a valid URI");
+    *request.version_mut() = http::Version::HTTP_2;
+    *request.headers_mut() = onward_headers(parts.headers);
+    let response = server.client.request(request).await.map_err(|e| {
+        Status::unavailable(format!(
+            "cannot reach the Ray client server on port {}: {}",
+            server.port,
+            causes(&e)
+        ))
+    })?;
+    let (mut parts, body) = response.into_parts();
+    // The extensions are this hop's (hyper's connection details).
+    parts.extensions.clear();
+    let body = Passthrough {
+        inner: body,
+        port: server.port,
+        broken: false,
+    };
+    Ok(http::Response::from_parts(parts, Body::new(body)))
+}
+
+/// The metadata of a call as it goes on to the server: all of it but the
+/// hop-by-hop fields (RFC 9110 §7.6.1; RFC 9113 §8.2.2 bars them from
+/// HTTP/2 anyway) and `host`, which would name this proxy rather than the
+/// server (the server's authority comes from its origin). `te: trailers`
+/// stays: gRPC requires it.
+fn onward_headers(mut headers: http::HeaderMap) -> http::HeaderMap {
+    if let Some(connection) = headers.remove(http::header::CONNECTION) {
+        if let Ok(options) = connection.to_str() {
+            for name in options.split(',') {
+                headers.remove(name.trim());
+            }
+        }
+    }
+    for name in [
+        http::header::HOST,
+        http::header::TRANSFER_ENCODING,
+        http::header::UPGRADE,
+        http::HeaderName::from_static("keep-alive"),
+        http::HeaderName::from_static("proxy-connection"),
+    ] {
+        headers.remove(name);
+    }
+    if headers
+        .get(http::header::TE)
+        .is_some_and(|te| te != "trailers")
+    {
+        headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    }
+    headers
+}
+
+/// An error with its causes, `outer: inner: ...`.
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// A server's answer passed through frame by frame. If the server breaks
+/// off (it died, or its connection did), the answer ends with an
+/// UNAVAILABLE status naming the server rather than a bare stream reset, as
+/// a client would see of any broken gRPC call.
+struct Passthrough<B> {
+    inner: B,
+    /// The server's port, for the status.
+    port: u16,
+    /// Whether the status for a break has been sent: the answer is over.
+    broken: bool,
+}
+
+impl<B> http_body::Body for Passthrough<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::error::Error,
+{
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        if self.broken {
+            return Poll::Ready(None);
+        }
+        match std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+            Some(Ok(frame)) => Poll::Ready(Some(Ok(frame))),
+            None => Poll::Ready(None),
+            Some(Err(e)) => {
+                self.broken = true;
+                let port = self.port;
+                let cause = causes(&e);
+                warn!(port, error = %cause, "Ray client server broke off an answer");
+                let status = Status::unavailable(format!(
+                    "the Ray client server on port {port} broke off the answer: {cause}"
+                ));
+                Poll::Ready(Some(Ok(trailers(&status))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.broken || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        if self.broken {
+            http_body::SizeHint::with_exact(0)
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}
+
+/// The whole request body of a unary call, at most one message of
+/// [`MAX_MESSAGE_BYTES`] with its prefix. Trailers, which a request does not
+/// carry in gRPC, are dropped.
+async fn buffered(mut body: Body) -> Result<Bytes, Status> {
+    let limit = MAX_MESSAGE_BYTES + PREFIX_BYTES;
+    let mut chunks: Vec<Bytes> = Vec::with_capacity(1);
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        total += data.len();
+        if total > limit {
+            return Err(Status::resource_exhausted(format!(
+                "request message over {MAX_MESSAGE_BYTES} bytes"
+            )));
+        }
+        chunks.push(data);
+    }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.swap_remove(0),
+        _ => {
+            let mut whole = BytesMut::with_capacity(total);
+            for chunk in chunks {
+                whole.put(chunk);
+            }
+            whole.freeze()
+        }
+    })
+}
+
+/// The message of a unary request body: a gRPC length-prefixed message
+/// (flag byte, 4-byte big-endian length), alone.
+fn single_message(body: &Bytes) -> Result<Bytes, Status> {
+    let Some((prefix, payload)) = body.split_first_chunk::<PREFIX_BYTES>() else {
+        return Err(Status::internal("the call has no request message"));
+    };
+    let [compressed, len @ ..] = *prefix;
+    if compressed != 0 {
+        return Err(Status::unimplemented(
+            "compressed request messages are not supported",
+        ));
+    }
+    if u32::from_be_bytes(len) as usize != payload.len() {
+        return Err(Status::internal(
+            "the request body of a unary call is not one whole message",
+        ));
+    }
+    Ok(body.slice(PREFIX_BYTES..))
+}
+
+/// A unary answer made here: the message, then an OK status.
+fn unary_reply(answer: Result<Bytes, Status>) -> http::Response<Body> {
+    framed(
+        answer.map(|message| Response::new(stream::once(std::future::ready(Ok(message))).boxed())),
+    )
 }
 
 /// The messages of an incoming streaming call, as tonic decodes them.
@@ -188,20 +380,9 @@ fn incoming(request: http::Request<Body>) -> Request<Streaming<Bytes>> {
     Request::from_http(http::Request::from_parts(parts, messages))
 }
 
-/// The single message of a call whose request is not a stream.
-async fn first_message(request: Request<Streaming<Bytes>>) -> Result<Request<Bytes>, Status> {
-    let (metadata, extensions, mut messages) = request.into_parts();
-    let message = messages
-        .message()
-        .await?
-        .ok_or_else(|| Status::internal("the call has no request message"))?;
-    Ok(Request::from_parts(metadata, extensions, message))
-}
-
 /// A streamed answer as an HTTP response. The messages are framed here
 /// rather than by tonic's encoder so that each payload goes to h2 as the
-/// same `Bytes` it arrived in, without a copy: object chunks of `get` are
-/// megabytes each.
+/// same `Bytes` it arrived in, without a copy.
 fn framed(result: Result<Response<Messages>, Status>) -> http::Response<Body> {
     let response = match result {
         Ok(response) => response,
@@ -252,7 +433,7 @@ impl http_body::Body for Framed {
                         "message over 4 GiB",
                     )))));
                 };
-                let mut prefix = bytes::BytesMut::with_capacity(5);
+                let mut prefix = BytesMut::with_capacity(PREFIX_BYTES);
                 prefix.put_u8(0);
                 prefix.put_u32(len);
                 if !message.is_empty() {
@@ -280,9 +461,9 @@ fn trailers(status: &Status) -> http_body::Frame<Bytes> {
     http_body::Frame::trailers(map)
 }
 
-/// The `client_id` in `metadata`; FAILED_PRECONDITION without one.
-fn client_id(metadata: &MetadataMap) -> Result<String, Status> {
-    match metadata.get(CLIENT_ID).and_then(|v| v.to_str().ok()) {
+/// The `client_id` in a call's metadata; FAILED_PRECONDITION without one.
+fn client_id(headers: &http::HeaderMap) -> Result<String, Status> {
+    match headers.get(CLIENT_ID).and_then(|v| v.to_str().ok()) {
         Some(id) if !id.is_empty() => Ok(id.to_owned()),
         _ => Err(Status::failed_precondition(
             "the call carries no client_id metadata",
@@ -290,8 +471,8 @@ fn client_id(metadata: &MetadataMap) -> Result<String, Status> {
     }
 }
 
-fn known_client(proxy: &Proxy, metadata: &MetadataMap) -> Result<Arc<Client>, Status> {
-    let id = client_id(metadata)?;
+fn known_client(proxy: &Proxy, headers: &http::HeaderMap) -> Result<Arc<Client>, Status> {
+    let id = client_id(headers)?;
     proxy
         .client(&id)
         .ok_or_else(|| Status::not_found(format!("no Ray client server for client {id}")))
@@ -299,13 +480,6 @@ fn known_client(proxy: &Proxy, metadata: &MetadataMap) -> Result<Arc<Client>, St
 
 fn path_of(path: &str) -> PathAndQuery {
     PathAndQuery::try_from(path).expect("UNWRAP: a path tonic routed is a valid path")
-}
-
-/// The request as it goes on: the same metadata, without the extensions of
-/// this hop.
-fn forwardable<T>(request: Request<T>) -> Request<T> {
-    let (metadata, _, message) = request.into_parts();
-    Request::from_parts(metadata, Default::default(), message)
 }
 
 async fn ready(
@@ -325,49 +499,12 @@ fn decode<M: Message + Default>(bytes: &Bytes) -> Result<M, Status> {
         .map_err(|e| Status::invalid_argument(format!("bad request message: {e}")))
 }
 
-fn reply<M: Message>(message: M) -> Result<Response<Bytes>, Status> {
-    Ok(Response::new(message.encode_to_vec().into()))
-}
-
-async fn unary(
-    proxy: Arc<Proxy>,
-    path: String,
-    request: Request<Bytes>,
-) -> Result<Response<Bytes>, Status> {
-    let method = path.rsplit('/').next().unwrap_or_default();
-    match method {
-        "ClusterInfo" => {
-            let asked: ClusterInfoRequest = decode(request.get_ref())?;
-            if asked.r#type == ClusterInfoType::Ping as i32 {
-                return reply(ClusterInfoResponse {
-                    r#type: asked.r#type,
-                    response_type: Some(ResponseType::Json("{}".into())),
-                });
-            }
-        }
-        "PrepRuntimeEnv" => return Err(Status::unimplemented("PrepRuntimeEnv is not implemented")),
-        "KVGet" | "KVPut" | "KVDel" | "KVList" | "KVExists" | "PinRuntimeEnvURI" => {
-            let id = client_id(request.metadata())?;
-            let has_server = proxy.client(&id).and_then(|c| c.ready_server()).is_some();
-            if !has_server {
-                return gcs_call(&proxy, method, request.get_ref()).await;
-            }
-        }
-        _ => {}
-    }
-    let client = known_client(&proxy, request.metadata())?;
-    let server = client
-        .server(proxy.settings.server_wait)
-        .await
-        .map_err(Status::not_found)?;
-    let mut grpc = client_grpc(&server);
-    ready(&mut grpc, &server).await?;
-    grpc.unary(forwardable(request), path_of(&path), RawCodec)
-        .await
+fn reply<M: Message>(message: M) -> Result<Bytes, Status> {
+    Ok(message.encode_to_vec().into())
 }
 
 /// A KV call of a client that has no server yet, made on the GCS.
-async fn gcs_call(proxy: &Proxy, method: &str, body: &Bytes) -> Result<Response<Bytes>, Status> {
+async fn gcs_call(proxy: &Proxy, method: &str, body: &Bytes) -> Result<Bytes, Status> {
     let gcs = proxy.gcs.as_ref().ok_or_else(|| {
         Status::unavailable(
             "the proxy knows no GCS to serve this call before the client's server exists",
@@ -435,7 +572,7 @@ async fn datapath(
     proxy: Arc<Proxy>,
     request: Request<Streaming<Bytes>>,
 ) -> Result<Response<Messages>, Status> {
-    let id = client_id(request.metadata())?;
+    let id = client_id(request.metadata().as_ref())?;
     let reconnecting = request
         .metadata()
         .get(RECONNECTING)
@@ -598,7 +735,7 @@ async fn logstream(
     proxy: Arc<Proxy>,
     request: Request<Streaming<Bytes>>,
 ) -> Result<Response<Messages>, Status> {
-    let id = client_id(request.metadata())?;
+    let id = client_id(request.metadata().as_ref())?;
     // The log stream may open before the data stream has registered the
     // client: look a few times.
     let mut client = proxy.client(&id);
@@ -666,5 +803,120 @@ impl Stream for Guarded {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.inner.poll_next_unpin(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed_message(flag: u8, declared: u32, payload: &[u8]) -> Bytes {
+        let mut body = BytesMut::new();
+        body.put_u8(flag);
+        body.put_u32(declared);
+        body.put_slice(payload);
+        body.freeze()
+    }
+
+    /// The one message of a unary body comes out without a copy; anything
+    /// but exactly one uncompressed message is refused.
+    #[test]
+    fn single_message_takes_exactly_one_uncompressed_message() {
+        let body = framed_message(0, 3, b"abc");
+        let message = single_message(&body).unwrap();
+        assert_eq!(message, &b"abc"[..]);
+        assert_eq!(message.as_ptr(), body[PREFIX_BYTES..].as_ptr());
+        assert_eq!(single_message(&framed_message(0, 0, b"")).unwrap(), "");
+
+        let refused = |body: Bytes| single_message(&body).unwrap_err().code();
+        assert_eq!(refused(Bytes::from_static(b"\0\0")), tonic::Code::Internal);
+        assert_eq!(
+            refused(framed_message(1, 3, b"abc")),
+            tonic::Code::Unimplemented
+        );
+        assert_eq!(refused(framed_message(0, 4, b"abc")), tonic::Code::Internal);
+        assert_eq!(refused(framed_message(0, 2, b"abc")), tonic::Code::Internal);
+    }
+
+    /// A body that arrives in several frames is put together; one over the
+    /// limit would be refused by the same count.
+    #[tokio::test]
+    async fn buffered_joins_the_frames_of_a_body() {
+        let frames = stream::iter(
+            [&b"\0\0\0"[..], b"\0\x02", b"hi"]
+                .map(|chunk| Ok::<_, Status>(http_body::Frame::data(Bytes::from_static(chunk)))),
+        );
+        let body = Body::new(http_body_util::StreamBody::new(frames));
+        let whole = buffered(body).await.unwrap();
+        assert_eq!(single_message(&whole).unwrap(), "hi");
+    }
+
+    /// The metadata goes on but for the hop-by-hop fields and `host`.
+    #[test]
+    fn onward_headers_keep_metadata_and_drop_hop_by_hop_fields() {
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in [
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("grpc-timeout", "5S"),
+            ("client_id", "c1"),
+            ("x-bin-bin", "AAEC"),
+            ("authorization", "Bearer t"),
+            ("host", "proxy:10001"),
+            ("connection", "keep-alive, x-hop"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("upgrade", "h2c"),
+        ] {
+            headers.insert(
+                http::HeaderName::from_static(name),
+                http::HeaderValue::from_static(value),
+            );
+        }
+        let onward = onward_headers(headers);
+        let mut names: Vec<&str> = onward.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "authorization",
+                "client_id",
+                "content-type",
+                "grpc-timeout",
+                "te",
+                "x-bin-bin"
+            ]
+        );
+        assert_eq!(onward["te"], "trailers");
+        assert_eq!(onward["client_id"], "c1");
+    }
+
+    /// The server's frames pass as the same `Bytes`; a break in its answer
+    /// ends the answer with UNAVAILABLE naming the server's port.
+    #[tokio::test]
+    async fn passthrough_hands_frames_on_and_turns_a_break_into_unavailable() {
+        let chunk = Bytes::from(vec![7u8; 1 << 20]);
+        let frames = stream::iter([
+            Ok(http_body::Frame::data(chunk.clone())),
+            Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "connection reset",
+            )),
+            Ok(http_body::Frame::data(Bytes::from_static(b"never"))),
+        ]);
+        let mut body = Passthrough {
+            inner: http_body_util::StreamBody::new(frames),
+            port: 23001,
+            broken: false,
+        };
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first.as_ptr(), chunk.as_ptr(), "the chunk was copied");
+        let last = body.frame().await.unwrap().unwrap();
+        let trailers = last.into_trailers().unwrap();
+        assert_eq!(trailers["grpc-status"], "14");
+        let message = trailers["grpc-message"].to_str().unwrap();
+        assert!(message.contains("23001"), "{message}");
+        assert!(http_body::Body::is_end_stream(&body));
+        assert!(body.frame().await.is_none());
     }
 }

@@ -202,6 +202,7 @@ async fn serve_grpc(
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(32 << 20))
+        .max_frame_size(Some(servers::MAX_FRAME_BYTES))
         .add_service(grpc::DriverService::new(proxy.clone()))
         .add_service(grpc::DataService::new(proxy.clone()))
         .add_service(grpc::LogService::new(proxy))

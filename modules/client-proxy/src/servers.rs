@@ -205,6 +205,12 @@ impl SpecificServer {
 /// call, which is most of a forwarded call's cost on loopback.
 pub type H2Client = hyper_util::client::legacy::Client<HttpConnector, tonic::body::Body>;
 
+/// The largest HTTP/2 frame the proxy accepts, on both sides. gRPC's core
+/// sends frames up to what its peer allows, and h2 reads a frame in as many
+/// reads as its buffer takes: with HTTP/2's default of 16 KiB an object
+/// chunk of `put`/`get` crossed the proxy in one read per 8 KiB.
+pub const MAX_FRAME_BYTES: u32 = 1 << 20;
+
 fn h2_client() -> H2Client {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -215,6 +221,7 @@ fn h2_client() -> H2Client {
         .http2_keep_alive_while_idle(true)
         .http2_initial_stream_window_size(8 << 20)
         .http2_initial_connection_window_size(32 << 20)
+        .http2_max_frame_size(MAX_FRAME_BYTES)
         .timer(hyper_util::rt::TokioTimer::new())
         .build(connector)
 }

@@ -270,7 +270,8 @@ pub(crate) fn render(args: &RayReportArgs) -> anyhow::Result<String> {
         let _ = writeln!(
             out,
             "- ray-dashd start-up, medians: first module process started after {} \
-             (ray-dashd reads Ray's route table first), every route above 200 after {}, \
+             (with the fork launch: Ray's zygote, which reports the route table), \
+             every route above 200 after {}, \
              all modules healthy after {}",
             show(first_started, Unit::MsAsS),
             show(Some(routes), Unit::MsAsS),

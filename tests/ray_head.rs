@@ -337,9 +337,10 @@ async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
 /// authentication on), ray-dashd hosts Ray's
 /// nine modules; `ray job submit` (whose log tail is the websocket route, and
 /// with `--working-dir` the package upload), `ray job logs --follow` of a
-/// running job, `ray job list`, `ray summary
+/// running job, `ray job list`, `status`, `stop` and `delete`, `ray summary
 /// tasks`, `ray list nodes` and `ray logs` (found through the GCS key
-/// ray-dashd writes) work through it, with the token; JobHead runs forked from
+/// ray-dashd writes; a file's content is the stream route) work through it,
+/// with the token; JobHead runs forked from
 /// the zygote, and when its shim is killed its process ends, a new one
 /// replaces it, and the jobs submitted before are still listed. The host
 /// answers what Ray's parent answers itself, checks the token as Ray does,
@@ -496,6 +497,68 @@ async fn ray_cli_works_through_ray_dashd() {
     let logs = head.cli(&["logs", "cluster", "--address", &head.gcs]);
     assert!(logs.status.success(), "{}\nlog:\n{}", text(&logs), d.log());
     assert!(text(&logs).contains("raylet.out"), "{}", text(&logs));
+    // A file's content comes through the stream route (`/api/v0/logs/file`).
+    let raylet_out = std::fs::read_to_string(head.session().join("logs/raylet.out"))
+        .expect("the head's raylet.out");
+    let last_line = raylet_out
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .expect("raylet.out has a line")
+        .to_owned();
+    let content = head.cli(&["logs", "cluster", "raylet.out", "--address", &head.gcs]);
+    assert!(content.status.success(), "{}", text(&content));
+    assert!(
+        text(&content).contains(&last_line),
+        "{last_line:?} not in:\n{}",
+        text(&content)
+    );
+
+    // `ray job status`, `stop` and `delete`.
+    let status = head.cli(&["job", "status", "--address", &address, &id]);
+    assert!(status.status.success(), "{}", text(&status));
+    assert!(
+        text(&status).contains(&format!("Job '{id}' succeeded")),
+        "{}",
+        text(&status)
+    );
+    let long = head.cli(&[
+        "job",
+        "submit",
+        "--no-wait",
+        "--address",
+        &address,
+        "--",
+        "python",
+        "-c",
+        "import time; time.sleep(120)",
+    ]);
+    assert!(long.status.success(), "{}", text(&long));
+    let long = text(&long)
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c: char| c == '\'' || c == '.'))
+        .find(|w| w.starts_with("raysubmit_"))
+        .expect("submission id")
+        .to_owned();
+    let stopped = head.cli(&["job", "stop", "--address", &address, &long]);
+    assert!(stopped.status.success(), "{}", text(&stopped));
+    let is_stopped = eventually(RAY_WAIT, || async {
+        let status = head.cli(&["job", "status", "--address", &address, &long]);
+        text(&status)
+            .contains(&format!("Job '{long}' was stopped"))
+            .then_some(())
+    })
+    .await;
+    assert!(is_stopped.is_some(), "job {long} never STOPPED");
+    let deleted = head.cli(&["job", "delete", "--address", &address, &long]);
+    assert!(deleted.status.success(), "{}", text(&deleted));
+    let listed = head.cli(&["job", "list", "--address", &address]);
+    assert!(listed.status.success(), "{}", text(&listed));
+    assert!(
+        !text(&listed).contains(&long) && text(&listed).contains(&id),
+        "{long} deleted, {id} kept: {}",
+        text(&listed)
+    );
 
     // What Ray's dashboard parent serves itself: its web UI at `/` (ours
     // moves to `/dashd/`), the UI's files, the time zone, the auth mode.

@@ -217,3 +217,47 @@ async fn host_answers_client_pings_while_module_is_stopped() {
     crate::support::kill(pid, nix::sys::signal::Signal::SIGCONT);
     assert_eq!(pong, Message::Pong(b"hop".to_vec().into()));
 }
+
+/// CPU time (user + system) of process `pid` so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .expect("stat fields")
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of stat(5); 12 and 13 after `)`.
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+/// A client that hangs up while the module neither answers nor closes
+/// leaves the relay waiting for the module, idle: the host does not spin
+/// (it once did, on the other direction's closed queue, until the closing
+/// deadline).
+#[tokio::test]
+async fn relay_waiting_on_a_silent_module_stays_idle() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(d.ws_url("/test/ws/out?count=1&hold_ms=20000"))
+            .await
+            .expect("connect");
+    assert_eq!(next_message(&mut ws).await, Message::Text("msg-0".into()));
+    drop(ws);
+    // Give the relay time to see the client go, then watch it for 2 s.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let before = cpu_ticks(d.pid());
+    let window = std::time::Instant::now();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let used = cpu_ticks(d.pid()) - before;
+    let ticks_per_sec = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .expect("sysconf")
+        .expect("CLK_TCK") as u64;
+    let allowed = window.elapsed().as_secs() * ticks_per_sec / 4;
+    assert!(
+        used < allowed,
+        "ray-dashd used {used} ticks of CPU in {:?} while idle (allowed {allowed})",
+        window.elapsed()
+    );
+}

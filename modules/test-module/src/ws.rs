@@ -105,12 +105,17 @@ async fn close(mut socket: WebSocket, frame: CloseFrame) {
 pub(crate) struct OutQuery {
     /// Number of messages to send (default 10).
     count: Option<u32>,
+    /// Milliseconds to hold the socket afterwards, reading nothing, before
+    /// closing (default 0): a peer that neither answers nor hangs up.
+    hold_ms: Option<u64>,
 }
 
-/// `GET /test/ws/out?count=N`: sends N messages (even `i`: text `msg-<i>`,
-/// odd `i`: binary big-endian `i`), then closes with 1000 `done`.
+/// `GET /test/ws/out?count=N[&hold_ms=M]`: sends N messages (even `i`: text
+/// `msg-<i>`, odd `i`: binary big-endian `i`), holds the socket M ms without
+/// reading, then closes with 1000 `done`.
 pub(crate) async fn out(Query(query): Query<OutQuery>, upgrade: WebSocketUpgrade) -> Response {
     let count = query.count.unwrap_or(10);
+    let hold = Duration::from_millis(query.hold_ms.unwrap_or(0));
     upgrade.on_upgrade(move |mut socket| async move {
         for i in 0..count {
             let message = if i % 2 == 0 {
@@ -123,6 +128,7 @@ pub(crate) async fn out(Query(query): Query<OutQuery>, upgrade: WebSocketUpgrade
                 return;
             }
         }
+        tokio::time::sleep(hold).await;
         let done = CloseFrame {
             code: 1000,
             reason: "done".into(),

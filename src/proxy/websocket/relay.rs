@@ -254,13 +254,19 @@ where
         // lock once per message.
         let failed = module_failed.cancelled();
         tokio::pin!(failed);
+        // Until the other direction has ended (its sender gone): a closed
+        // queue answers at once, so polling it again would spin.
+        let mut queue_open = true;
         let stop = loop {
             let at_boundary = matches!(position, Position::Boundary);
             tokio::select! {
                 biased;
                 _ = &mut failed => break Stop::ModuleFailed,
-                made = self.queue.recv(), if at_boundary => {
-                    let Some(made) = made else { continue };
+                made = self.queue.recv(), if at_boundary && queue_open => {
+                    let Some(made) = made else {
+                        queue_open = false;
+                        continue;
+                    };
                     let is_close = matches!(made, Made::Close(..));
                     if let Err(e) = self.sink.write_all(&made.encode(self.to())).await {
                         break Stop::Io(e);

@@ -116,7 +116,8 @@ impl Default for RaySettings {
 const SHIM: &str = "ray-dashd-fork-shim";
 
 /// The module name of Ray's zygote (not a Ray class name, so its socket is
-/// none that a Ray module uses).
+/// none that a Ray module uses). `routes.py`'s `ZYGOTE_MODULE` is the same:
+/// the shims it writes ask the zygote by this name.
 pub const ZYGOTE_MODULE: &str = "RayZygote";
 
 /// Where, in the launcher's folder, the zygote writes Ray's modules' config.
@@ -254,14 +255,22 @@ pub fn add_modules(
         parent::GCS_HEALTH_PATH.into(),
     ];
     let routes = launcher_dir.join("routes.py");
-    let origin = format!(
-        "<Ray's modules, from {} {}>",
-        settings.python,
-        routes.display()
-    );
     // Both import Ray (most of their time): run them at once.
     let facts = std::thread::spawn(move || run(facts, ROUTES_TIMEOUT));
-    let generated = match shim(settings.launch) {
+    let shim = shim(settings.launch);
+    // What the config's errors name as the source of Ray's modules.
+    let origin = match shim {
+        Some(_) => format!(
+            "<Ray's modules, reported by Ray's zygote to {}>",
+            launcher_dir.join(REPORT_FILE).display()
+        ),
+        None => format!(
+            "<Ray's modules, from {} {}>",
+            settings.python,
+            routes.display()
+        ),
+    };
+    let generated = match shim {
         Some(shim) => {
             routes_args.extend(["--shim".into(), shim.into()]);
             zygote_routes(

@@ -11,10 +11,11 @@ module Ray would load) and checks Ray's internals. With --report, it then
 writes what the app's `report(args)` returns (for Ray: the `[[modules]]`
 config of the preloaded modules, routes and all) to FILE, atomically, so
 that ray-dashd learns the route table from the process that has just
-imported it instead of importing Ray twice. It then waits for `ray-dashd-fork-shim` processes (one per
-supervised module) on the Unix socket `$RAY_DASHD_SOCKET.fork`, and for each
-request forks a child that runs `app.run_forked(name)`: the module, on the
-pages the zygote already holds, so the children share them (copy-on-write).
+imported it instead of importing Ray twice. It then waits for
+`ray-dashd-fork-shim` processes (one per supervised module) on the Unix
+socket `$RAY_DASHD_SOCKET.fork`, and for each request forks a child that runs
+`app.run_forked(name)`: the module, on the pages the zygote already holds, so
+the children share them (copy-on-write).
 
 Fork safety: the zygote forks only from a single-threaded process that has
 imported code and started nothing: no thread, no event loop, no gRPC channel
@@ -543,7 +544,12 @@ def run(app_path: str, targets, report, health_path: str, fork_sock, env_before:
     if report is not None:
         try:
             write_atomically(report[0], app.report(report[1]))
-        except BaseException as exc:  # argparse exits with SystemExit
+        except SystemExit as exc:
+            if exc.code == 0:  # SIGTERM, through our handler
+                raise
+            say(f"report to {report[0]} failed: bad report arguments (exit {exc.code})")
+            return EXIT_BAD_USAGE
+        except Exception as exc:
             say(f"report to {report[0]} failed: {exc!r}")
             return EXIT_BAD_USAGE
     threads = thread_count()
@@ -567,9 +573,16 @@ def write_atomically(path: str, text: str) -> None:
     """`text` to `path` (mode 0600): a reader sees all of it or no file."""
     temp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(temp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
 
 
 def remove_socket(path: str, inode: int) -> None:

@@ -38,6 +38,22 @@ fn fake_python(dir: &Path, facts: &str, zygote: &str) -> String {
     path.display().to_string()
 }
 
+/// SIGKILLs its pids when dropped (a failed assertion included).
+struct KillOnDrop(Vec<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if !process_gone(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
 fn ray_toml(python: &str, modules: &str) -> String {
     format!(
         "[ray]\nmodules = \"{modules}\"\npython = {}\nclient_port = 0\n",
@@ -118,6 +134,8 @@ async fn an_unhosted_ray_leaves_no_zygote_behind() {
         .trim()
         .parse()
         .expect("pid");
+    // Whatever happens below, neither outlives the test.
+    let _reaper = KillOnDrop(vec![pid, helper]);
     for pid in [pid, helper] {
         let gone = eventually(WAIT, || async { process_gone(pid).then_some(()) }).await;
         assert!(

@@ -112,11 +112,11 @@ fn a_zygote_failing_before_its_report_stops_ray_dashd_when_required() {
 async fn an_unhosted_ray_leaves_no_zygote_behind() {
     let dir = tempfile::tempdir().expect("tempdir");
     let session = fake_head(dir.path());
-    // The zygote writes an empty report (no modules) where --report says,
-    // then stays, as a zygote does, with a process of its own in its group.
+    // The zygote starts a process of its own in its group, writes an empty
+    // report (no modules) where --report says, then stays, as a zygote does.
     let helper_pid = dir.path().join("helper.pid");
     let zygote = format!(
-        r#"while [ $# -gt 0 ]; do if [ "$1" = --report ]; then : > "$2"; fi; shift; done; sleep 600 & echo $! > '{}'; exec sleep 600"#,
+        r#"sleep 600 & echo $! > '{}'; while [ $# -gt 0 ]; do if [ "$1" = --report ]; then : > "$2"; fi; shift; done; exec sleep 600"#,
         helper_pid.display()
     );
     let python = fake_python(dir.path(), "echo 'no token for you' >&2; exit 1", &zygote);

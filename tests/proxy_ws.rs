@@ -6,7 +6,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{self, Message};
 
-use crate::support::{dashd, eventually, test_module, WAIT};
+use crate::support::{cpu_ticks, dashd, eventually, test_module, WAIT};
 
 async fn next_message<S>(ws: &mut S) -> Message
 where
@@ -216,19 +216,6 @@ async fn host_answers_client_pings_while_module_is_stopped() {
     let pong = next_message(&mut ws).await;
     crate::support::kill(pid, nix::sys::signal::Signal::SIGCONT);
     assert_eq!(pong, Message::Pong(b"hop".to_vec().into()));
-}
-
-/// CPU time (user + system) of process `pid` so far, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .expect("stat fields")
-        .split_whitespace()
-        .collect();
-    // utime and stime are fields 14 and 15 of stat(5); 12 and 13 after `)`.
-    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
 }
 
 /// A client that hangs up while the module neither answers nor closes

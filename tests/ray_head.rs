@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::{dashd, eventually, kill, process_gone, Dashd};
+use crate::support::{dashd, eventually, kill, proc_stat, process_gone, Dashd};
 
 /// Ray's nine default subprocess modules (2.60).
 const RAY_MODULES: [&str; 9] = [
@@ -245,13 +245,11 @@ fn stat_fields() -> Vec<Stat> {
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // After the command's closing parenthesis: state, ppid, pgrp.
-            let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
+            let fields = proc_stat(pid as u32)?;
             Some(Stat {
                 pid,
-                ppid: rest.next()?.parse().ok()?,
-                pgrp: rest.next()?.parse().ok()?,
+                ppid: fields.get(1)?.parse().ok()?,
+                pgrp: fields.get(2)?.parse().ok()?,
             })
         })
         .collect()
@@ -303,6 +301,16 @@ pub(crate) fn text(output: &Output) -> String {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     )
+}
+
+/// The submission id (`raysubmit_…`) that `ray job submit` printed.
+fn submission_id(submitted: &Output) -> String {
+    text(submitted)
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c: char| c == '\'' || c == '.'))
+        .find(|w| w.starts_with("raysubmit_"))
+        .unwrap_or_else(|| panic!("no submission id in: {}", text(submitted)))
+        .to_owned()
 }
 
 async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
@@ -417,11 +425,7 @@ async fn ray_cli_works_through_ray_dashd() {
         "job output missing: {out}"
     );
     assert!(out.contains("succeeded"), "{out}");
-    let id = out
-        .split_whitespace()
-        .find(|w| w.starts_with("'raysubmit_") || w.starts_with("raysubmit_"))
-        .map(|w| w.trim_matches(|c: char| c == '\'' || c == '.').to_owned())
-        .expect("submission id in the output");
+    let id = submission_id(&submitted);
 
     // A working_dir is uploaded through the package routes before the job runs.
     let work = tempfile::tempdir().expect("working dir");
@@ -463,14 +467,7 @@ async fn ray_cli_works_through_ray_dashd() {
         "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(1)",
     ]);
     assert!(started.status.success(), "{}", text(&started));
-    let running = text(&started)
-        .split_whitespace()
-        .find(|w| {
-            w.trim_matches(|c: char| c == '\'' || c == '.')
-                .starts_with("raysubmit_")
-        })
-        .map(|w| w.trim_matches(|c: char| c == '\'' || c == '.').to_owned())
-        .expect("submission id");
+    let running = submission_id(&started);
     let followed = head.cli(&["job", "logs", "--address", &address, "--follow", &running]);
     assert!(followed.status.success(), "{}", text(&followed));
     for i in 0..4 {
@@ -534,12 +531,7 @@ async fn ray_cli_works_through_ray_dashd() {
         "import time; time.sleep(120)",
     ]);
     assert!(long.status.success(), "{}", text(&long));
-    let long = text(&long)
-        .split_whitespace()
-        .map(|w| w.trim_matches(|c: char| c == '\'' || c == '.'))
-        .find(|w| w.starts_with("raysubmit_"))
-        .expect("submission id")
-        .to_owned();
+    let long = submission_id(&long);
     let stopped = head.cli(&["job", "stop", "--address", &address, &long]);
     assert!(stopped.status.success(), "{}", text(&stopped));
     let is_stopped = eventually(RAY_WAIT, || async {

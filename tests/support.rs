@@ -440,16 +440,30 @@ where
     }
 }
 
+/// The fields of `/proc/<pid>/stat` after the command's closing
+/// parenthesis: state, ppid, pgrp, … (fields 3 onwards of proc(5), so
+/// field N is at index N − 3); `None` once the process is gone.
+pub fn proc_stat(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
 /// Whether process `pid` is gone (or a zombie no one reaped yet).
 pub fn process_gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .and_then(|rest| rest.split_whitespace().next())
+    match proc_stat(pid) {
+        None => true,
+        Some(fields) => fields
+            .first()
             .is_some_and(|state| state == "Z" || state == "X"),
     }
+}
+
+/// CPU time (user + system) of process `pid` so far, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let fields = proc_stat(pid).expect("proc stat");
+    // utime and stime are fields 14 and 15 of proc(5).
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
 }
 
 /// Resident memory of `pid` in KiB (VmRSS).

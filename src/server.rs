@@ -37,6 +37,14 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_HEADERS: usize = 128;
 /// Pause after a failed accept (such as EMFILE) before trying again.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// TCP keepalive of client connections: first probe after this much
+/// silence, then every `KEEPALIVE_INTERVAL`, dropped after
+/// `KEEPALIVE_RETRIES` unanswered. A client that vanished without a word
+/// (a laptop put to sleep in the middle of a websocket or a followed log)
+/// is noticed within about 90 s and its relay and module request let go.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 3;
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -380,6 +388,13 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_RETRIES);
+        if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
+            debug!(error = %e, "cannot set TCP keepalive");
+        }
         let connection = http
             .serve_connection(TokioIo::new(stream), service.clone())
             .with_upgrades();

@@ -46,6 +46,8 @@ use crate::support::{
 };
 
 const MODULE: &str = "ray_client_proxy";
+/// A gRPC message's prefix: a compressed flag and a 4-byte length.
+const PREFIX: usize = 5;
 
 /// A block of `n` server ports for one test, so tests running at once
 /// rarely share (the pool skips ports someone else holds anyway). Above the
@@ -838,6 +840,86 @@ async fn proxy_killed_is_restarted_and_its_servers_do_not_outlive_it() {
     assert_eq!(again.num_clients().await, 1);
 }
 
+/// The warm spare waits for its client however long that takes: it is
+/// started without Ray's idle exit (`TIMEOUT_FOR_SPECIFIC_SERVER_S`, which
+/// the fake server honours like Ray's), so it is not replaced every half
+/// minute, and a client that comes later gets it.
+#[tokio::test]
+async fn the_spare_server_does_not_idle_out() {
+    // Block 12 is shared: this test takes its first 5 ports.
+    let (d, port) = setup(port_block(12, 5))
+        .spare()
+        .env("TIMEOUT_FOR_SPECIFIC_SERVER_S", "1")
+        .start()
+        .await;
+    let spare = eventually(WAIT, || async {
+        clients_view(&d).await["spare_pid"].as_u64()
+    })
+    .await
+    .expect("a spare server") as u32;
+    // Well past the 1 s after which such a server quits without a client.
+    let watch_until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < watch_until {
+        let view = clients_view(&d).await;
+        assert_eq!(
+            view["spare_pid"].as_u64(),
+            Some(u64::from(spare)),
+            "the spare idled out and was replaced: {view}"
+        );
+        assert!(!process_gone(spare), "the spare exited");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let c = TestClient::connect(port, "late", 30).await;
+    assert_eq!(
+        c.whoami().await["pid"].as_u64(),
+        Some(u64::from(spare)),
+        "the waiting spare was not the one given"
+    );
+}
+
+/// A client that hangs up while its server is still starting leaves
+/// nothing behind: the start runs to its end, and the server that comes up
+/// for a client already forgotten is stopped and its port freed.
+#[tokio::test]
+async fn a_client_gone_while_its_server_starts_leaves_no_server() {
+    // The last 5 ports of block 12.
+    let block = port_block(12, 10);
+    let first: u16 = block
+        .split_once('-')
+        .and_then(|(first, _)| first.parse().ok())
+        .expect("a port range");
+    let (d, port) = setup(format!("{}-{}", first + 5, first + 9))
+        .env("FAKE_SERVER_DELAY_MS", "1500")
+        .start()
+        .await;
+    let c = TestClient::open(channel(port).await, "hasty", false)
+        .await
+        .expect("data stream opens");
+    c.sender
+        .send(DataRequest {
+            req_id: 1,
+            r#type: Some(data_request::Type::Init(InitRequest {
+                job_config: vec![],
+                ray_init_kwargs: r#"{"runtime_env": {}}"#.into(),
+                reconnect_grace_period: 1,
+            })),
+        })
+        .await
+        .expect("init sent");
+    let starting = eventually(WAIT, || async {
+        (clients_view(&d).await["ports_in_use"] == 1).then_some(())
+    })
+    .await;
+    assert!(starting.is_some(), "no server start began");
+    drop(c);
+    let drained = eventually(Duration::from_secs(30), || async {
+        let view = clients_view(&d).await;
+        (view["ports_in_use"] == 0 && view["num_clients"] == 0).then_some(())
+    })
+    .await;
+    assert!(drained.is_some(), "left behind: {}", clients_view(&d).await);
+}
+
 /// The client port taken by another process: the module's state says so,
 /// and it takes the port once it is free.
 #[tokio::test]
@@ -1176,6 +1258,28 @@ async fn driver_calls_pass_through_and_a_server_death_mid_answer_is_unavailable(
         "the client's user-agent: {user_agent}"
     );
     assert!(!headers.contains_key("host"), "{headers:?}");
+
+    // A request far larger than the server's stream window (h2's default
+    // 64 KiB here) goes on in pieces as the server grants room, unchanged.
+    let big = KvPutRequest {
+        key: b"big".to_vec(),
+        value: (0..3u32 << 20).map(|i| (i % 253) as u8).collect(),
+        overwrite: true,
+        namespace: None,
+    };
+    RayletDriverClient::new(client_channel.clone())
+        .max_encoding_message_size(usize::MAX)
+        .kv_put(with_id(big.clone(), "mortal"))
+        .await
+        .expect("a 3 MiB KVPut forwarded");
+    let seen = controlled.seen.lock().expect("lock").clone();
+    let (_, _, body) = seen
+        .iter()
+        .rfind(|(path, ..)| path.ends_with("/KVPut"))
+        .expect("the big KVPut reached the server");
+    let message = big.encode_to_vec();
+    assert_eq!(body.len(), PREFIX + message.len(), "request size changed");
+    assert!(body[PREFIX..] == message[..], "request bytes changed");
 
     // The server dies while a GetObject answer is half sent.
     let mut chunks = RayletDriverClient::new(client_channel.clone())

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{client, dashd, test_module};
+use crate::support::{client, dashd, eventually, test_module, WAIT};
 
 /// Sends `request` as raw bytes and returns the raw response head and body
 /// (the server closes the connection: the request says `Connection: close`).
@@ -215,6 +215,88 @@ async fn request_body_limit_answers_413() {
         body["message"].as_str().expect("message").contains("limit"),
         "{body}"
     );
+}
+
+/// A module that answers before it has read the whole upload: the answer
+/// reaches the client, and the connection it came on, still busy with the
+/// upload, is not handed to the next request, which is answered at once
+/// rather than after the upload.
+#[tokio::test]
+async fn a_request_never_waits_for_another_requests_upload() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let (upload, chunks) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    upload
+        .send(Ok(vec![1u8; 1024]))
+        .await
+        .expect("first chunk queued");
+    let early = client()
+        .post(d.url("/test/early"))
+        .body(reqwest::Body::wrap_stream(
+            tokio_stream::wrappers::ReceiverStream::new(chunks),
+        ))
+        .send()
+        .await
+        .expect("answered before the upload ended");
+    assert_eq!(early.status(), 200);
+    assert_eq!(
+        early.text().await.expect("body"),
+        "answered before the body"
+    );
+    // The upload is still open (`upload` is held); other requests go on.
+    for _ in 0..3 {
+        let next = tokio::time::timeout(
+            Duration::from_secs(10),
+            client().get(d.url("/test/echo")).send(),
+        )
+        .await
+        .expect("a request waited for another's upload")
+        .expect("request");
+        assert_eq!(next.status(), 200);
+    }
+    drop(upload);
+}
+
+/// The host's side of a client connection carries a TCP keepalive timer
+/// (`/proc/net/tcp` timer kind 2), first probe within 60 s of silence, so
+/// a client that vanished without closing is noticed.
+#[tokio::test]
+async fn client_connections_have_a_tcp_keepalive() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let idle = TcpStream::connect(d.addr()).expect("connect");
+    let client_port = idle.local_addr().expect("local addr").port();
+    let host_port = d.addr().port();
+    // One row per socket: `sl local rem st tx:rx tr:when ...`, ports in hex.
+    let host_side = eventually(WAIT, || async {
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        table.lines().skip(1).find_map(|row| {
+            let fields: Vec<&str> = row.split_whitespace().collect();
+            let port = |addr: &str| {
+                addr.rsplit_once(':')
+                    .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+            };
+            (port(fields[1]) == Some(host_port) && port(fields[2]) == Some(client_port))
+                .then(|| fields[5].to_owned())
+        })
+    })
+    .await
+    .expect("the host's side of the connection in /proc/net/tcp");
+    let (kind, when) = host_side.split_once(':').expect("tr:when");
+    assert_eq!(
+        kind, "02",
+        "no keepalive timer on the host's side: {host_side}"
+    );
+    let ticks = u64::from_str_radix(when, 16).expect("hex ticks");
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as u64;
+    assert!(
+        ticks <= 60 * hz,
+        "first probe {ticks} ticks away, more than 60 s"
+    );
+    drop(idle);
 }
 
 /// The default limit is 100 MiB: a larger declared body is refused before

@@ -39,6 +39,7 @@ pub const TEST_ROUTES: &[(&str, &str, &str)] = &[
     ("PUT", "/test/echo", "http"),
     ("GET", "/test/echo/{rest}", "http"),
     ("POST", "/test/body", "http"),
+    ("POST", "/test/early", "http"),
     ("GET", "/test/stream", "stream"),
     ("GET", "/test/stats", "http"),
     ("GET", "/test/info", "http"),

@@ -88,7 +88,12 @@ impl ModulePool {
         }
     }
 
-    /// An idle connection that is still open and ready.
+    /// An idle connection that is ready now. A connection goes back to the
+    /// pool when its response has ended, which can be before its request
+    /// has: a module may answer before it has read an upload. Such a
+    /// connection, like one the module closed, is not ready, and it is let
+    /// go rather than waited on, so that no request waits for another's
+    /// upload.
     async fn checkout(&self) -> Option<SendRequest<Body>> {
         loop {
             let mut sender = self
@@ -97,9 +102,11 @@ impl ModulePool {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .pop()?;
-            // Ready at once unless the module closed it meanwhile.
-            if sender.ready().await.is_ok() {
-                return Some(sender);
+            let ready = std::future::poll_fn(|cx| Poll::Ready(sender.poll_ready(cx))).await;
+            match ready {
+                Poll::Ready(Ok(())) => return Some(sender),
+                Poll::Ready(Err(_)) => {}
+                Poll::Pending => debug!("pooled connection still busy; not reused"),
             }
         }
     }

@@ -197,7 +197,7 @@ async fn forward(
         http::Uri::from_parts(uri).expect("UNWRAP: an http origin with a path is a valid URI");
     *request.version_mut() = http::Version::HTTP_2;
     *request.headers_mut() = onward_headers(parts.headers);
-    let response = server.client.request(request).await.map_err(|e| {
+    let response = server.driver.call(request).await.map_err(|e| {
         Status::unavailable(format!(
             "cannot reach the Ray client server on port {}: {}",
             server.port,
@@ -614,7 +614,12 @@ async fn datapath(
     let setup = async move {
         match first_contact(&proxy, &client, metadata, inbound).await {
             Ok(responses) => responses,
-            Err(failure) => stream::once(std::future::ready(Ok(failure))).boxed(),
+            Err((req_id, why)) => {
+                // Nothing to wait for: a reconnect or a call of this client
+                // learns why at once.
+                client.fail_if_starting(&why);
+                stream::once(std::future::ready(Ok(init_failure(req_id, &why)))).boxed()
+            }
         }
     };
     let responses = stream::once(setup).flatten().boxed();
@@ -634,36 +639,36 @@ async fn first_contact(
     client: &Arc<Client>,
     metadata: MetadataMap,
     mut inbound: Streaming<Bytes>,
-) -> Result<Messages, Bytes> {
+) -> Result<Messages, (i32, String)> {
     let first =
         match tokio::time::timeout(proxy.settings.first_message_timeout, inbound.message()).await {
             Ok(Ok(Some(first))) => first,
-            Ok(Ok(None)) => return Err(init_failure(0, "the data stream closed before its init")),
+            Ok(Ok(None)) => return Err((0, "the data stream closed before its init".into())),
             Ok(Err(status)) => {
-                return Err(init_failure(
+                return Err((
                     0,
-                    &format!("the data stream broke before its init: {status}"),
+                    format!("the data stream broke before its init: {status}"),
                 ))
             }
-            Err(_) => return Err(init_failure(0, "no init within the time limit")),
+            Err(_) => return Err((0, "no init within the time limit".into())),
         };
     let envelope = wire::envelope(&first).unwrap_or_default();
     let init = match wire::init_request(&first) {
         Ok(Some(init)) => init,
         _ => {
-            return Err(init_failure(
+            return Err((
                 envelope.req_id,
-                &format!(
+                format!(
                     "the first message of a data stream must be an init, not field {}",
                     envelope.kind.map_or("none".to_owned(), |k| k.to_string())
                 ),
             ))
         }
     };
-    let server = proxy.start_server(client, &init).await.map_err(|why| {
-        init_failure(
+    let server = proxy.start_server(client, init).await.map_err(|why| {
+        (
             envelope.req_id,
-            &format!("Starting Ray client server failed: {why}"),
+            format!("Starting Ray client server failed: {why}"),
         )
     })?;
     let outbound = stream::once(std::future::ready(first))
@@ -672,9 +677,9 @@ async fn first_contact(
     open_datapath(proxy, client, &server, metadata, outbound)
         .await
         .map_err(|status| {
-            init_failure(
+            (
                 envelope.req_id,
-                &format!(
+                format!(
                     "Proxy failed to connect to the Ray client server: {}; see {}",
                     status.message(),
                     proxy.launcher.error_log(server.port).display()

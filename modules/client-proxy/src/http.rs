@@ -79,6 +79,7 @@ async fn clients(State(state): State<HttpState>) -> Json<serde_json::Value> {
         "ports_in_use": proxy.launcher.ports().in_use(),
         "warm_spare": proxy.settings.warm_spare,
         "spare_ready": proxy.spare_ready(),
+        "spare_pid": proxy.spare_pid(),
         "clients": proxy.views(),
     }))
 }

@@ -16,6 +16,7 @@
 pub mod args;
 pub mod auth;
 pub mod codec;
+pub mod driver;
 pub mod gcs;
 pub mod grpc;
 pub mod http;

@@ -105,6 +105,18 @@ impl Client {
         }
     }
 
+    /// Marks the client's server as never to come, unless it has settled
+    /// already.
+    pub fn fail_if_starting(&self, why: &str) {
+        self.slot.send_if_modified(|slot| match slot {
+            Slot::Starting => {
+                *slot = Slot::Failed(why.to_owned());
+                true
+            }
+            _ => false,
+        });
+    }
+
     /// Records that its server confirmed a `connection_cleanup`.
     pub fn cleanup_confirmed(&self) {
         self.lock().cleanup = true;
@@ -240,11 +252,17 @@ impl Proxy {
 
     /// Whether a spare server is ready now.
     pub fn spare_ready(&self) -> bool {
+        self.spare_pid().is_some()
+    }
+
+    /// The process id of the spare server, when one is ready.
+    pub fn spare_pid(&self) -> Option<u32> {
         self.spare
             .lock()
             .expect("UNWRAP: spare lock poisoned")
             .ready
-            .is_some()
+            .as_ref()
+            .map(|server| server.pid)
     }
 
     /// Registers a new client; its server is `Starting` until [`Proxy::start_server`].
@@ -298,7 +316,24 @@ impl Proxy {
 
     /// Gets `client` a server for its `init`: the warm spare when it needs
     /// no runtime env, else a new one in the env the agent creates.
+    ///
+    /// The work runs in a task of its own, so that a client that goes away
+    /// meanwhile (its stream dropped, this future with it) cannot leave a
+    /// port taken, a server running or its slot `Starting`: the task always
+    /// settles the slot, and a server that comes up for a client already
+    /// forgotten is stopped.
     pub async fn start_server(
+        self: &Arc<Self>,
+        client: &Arc<Client>,
+        init: InitRequest,
+    ) -> Result<Arc<SpecificServer>, String> {
+        let (proxy, owner) = (self.clone(), client.clone());
+        tokio::spawn(async move { proxy.settle_server(&owner, &init).await })
+            .await
+            .unwrap_or_else(|e| Err(format!("starting the server failed: {e}")))
+    }
+
+    async fn settle_server(
         self: &Arc<Self>,
         client: &Arc<Client>,
         init: &InitRequest,
@@ -308,8 +343,20 @@ impl Proxy {
         let result = self.server_for(init).await;
         match &result {
             Ok(server) => {
+                let forgotten = {
+                    let clients = self.clients();
+                    client.slot.send_replace(Slot::Ready(server.clone()));
+                    !clients
+                        .get(&client.id)
+                        .is_some_and(|current| Arc::ptr_eq(current, client))
+                };
+                if forgotten {
+                    info!(client_id = %client.id, port = server.port, "Ray client gone before its server was ready; stopping the server");
+                    let server = server.clone();
+                    tokio::spawn(async move { server.stop().await });
+                    return result;
+                }
                 info!(client_id = %client.id, port = server.port, pid = server.pid, "Ray client server assigned");
-                client.slot.send_replace(Slot::Ready(server.clone()));
                 // A server that dies takes its client's slot with it.
                 let (client, server) = (client.clone(), server.clone());
                 tokio::spawn(async move {
@@ -363,20 +410,27 @@ impl Proxy {
                     ));
                 }
             };
-        self.launch(port, &context).await.map_err(|e| e.to_string())
+        self.launch(port, &context, false)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// Starts a server, trying again on another port when another process
     /// took the port between the pool's check and the server's bind.
-    async fn launch(&self, port: u16, context: &str) -> Result<Arc<SpecificServer>, ServerError> {
-        match self.launcher.start(port, context).await {
+    async fn launch(
+        &self,
+        port: u16,
+        context: &str,
+        spare: bool,
+    ) -> Result<Arc<SpecificServer>, ServerError> {
+        match self.launcher.start(port, context, spare).await {
             Err(ServerError::Exited { port: lost, .. }) if !servers::bindable(lost) => {
                 warn!(
                     port = lost,
                     "the port was taken by another process; starting on another"
                 );
                 let port = self.launcher.ports().take()?;
-                self.launcher.start(port, context).await
+                self.launcher.start(port, context, spare).await
             }
             other => other,
         }
@@ -411,7 +465,7 @@ impl Proxy {
         tokio::spawn(async move {
             let context = runtime_env::empty_context(&proxy.settings.python);
             let started = match proxy.launcher.ports().take() {
-                Ok(port) => proxy.launch(port, &context).await,
+                Ok(port) => proxy.launch(port, &context, true).await,
                 Err(e) => Err(e),
             };
             let mut spare = proxy.spare.lock().expect("UNWRAP: spare lock poisoned");

@@ -25,6 +25,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::driver::DriverChannel;
+
 /// How a specific server is started.
 #[derive(Debug, Clone)]
 pub struct ServerCommand {
@@ -162,6 +164,8 @@ pub struct SpecificServer {
     pub client: H2Client,
     /// `http://127.0.0.1:<port>`.
     pub origin: http::Uri,
+    /// The connection its `RayletDriver` calls take.
+    pub driver: DriverChannel,
     exit: watch::Receiver<Option<String>>,
     stop_grace: Duration,
 }
@@ -204,6 +208,12 @@ impl SpecificServer {
 /// tonic `Channel`: the channel's request queue adds a task hop to every
 /// call, which is most of a forwarded call's cost on loopback.
 pub type H2Client = hyper_util::client::legacy::Client<HttpConnector, tonic::body::Body>;
+
+/// Ray's setting for how many idle seconds (checks, one a second) a
+/// specific server without a client waits before it exits.
+pub const IDLE_EXIT_ENV: &str = "TIMEOUT_FOR_SPECIFIC_SERVER_S";
+/// A spare's value of it: ten years.
+const SPARE_IDLE_CHECKS: &str = "315360000";
 
 /// The largest HTTP/2 frame the proxy accepts, on both sides. gRPC's core
 /// sends frames up to what its peer allows, and h2 reads a frame in as many
@@ -266,13 +276,20 @@ impl Launcher {
     /// Starts a server on `port` (taken from the pool by the caller) with
     /// `context` as its `--serialized-runtime-env-context`, and waits until
     /// it accepts connections. On failure the port goes back to the pool.
+    ///
+    /// A `spare` waits for a client that may be long in coming, so it is
+    /// started without Ray's idle exit (a server with no client quits after
+    /// `TIMEOUT_FOR_SPECIFIC_SERVER_S`, 30 s by default): left on, a spare
+    /// would quit and be started again every half minute. Its life is the
+    /// proxy's to end, as every assigned server's is.
     pub async fn start(
         &self,
         port: u16,
         context: &str,
+        spare: bool,
     ) -> Result<Arc<SpecificServer>, ServerError> {
         let started_at = Instant::now();
-        let (child, pid) = match self.spawn(port, context) {
+        let (child, pid) = match self.spawn(port, context, spare) {
             Ok(spawned) => spawned,
             Err(e) => {
                 self.ports.give_back(port);
@@ -297,6 +314,7 @@ impl Launcher {
             origin: format!("http://127.0.0.1:{port}")
                 .parse()
                 .expect("UNWRAP: loopback URI is valid"),
+            driver: DriverChannel::new(port),
             exit: exit_rx,
             stop_grace: self.command.stop_grace,
         });
@@ -323,7 +341,7 @@ impl Launcher {
         }
     }
 
-    fn spawn(&self, port: u16, context: &str) -> Result<(Child, u32), ServerError> {
+    fn spawn(&self, port: u16, context: &str, spare: bool) -> Result<(Child, u32), ServerError> {
         let spawn_error = |reason: String| ServerError::Spawn {
             program: self.command.argv.first().cloned().unwrap_or_default(),
             reason,
@@ -356,6 +374,9 @@ impl Launcher {
             .stdout(log("out")?)
             .stderr(log("err")?)
             .process_group(0);
+        if spare {
+            cmd.env(IDLE_EXIT_ENV, SPARE_IDLE_CHECKS);
+        }
         die_with_parent(&mut cmd);
         let child = cmd.spawn().map_err(|e| spawn_error(e.to_string()))?;
         let pid = child

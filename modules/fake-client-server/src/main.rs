@@ -12,6 +12,10 @@
 //! - `GetObject` streams three chunks; the KV calls use a map of its own;
 //! - `Logstream` sends one line naming the server, then waits.
 //!
+//! Like Ray's server, it exits when `TIMEOUT_FOR_SPECIFIC_SERVER_S` (here
+//! only when set) seconds pass without a client: here, before any
+//! `Datapath` stream was opened.
+//!
 //! `FAKE_SERVER_FAIL=1` makes it exit with an error before listening;
 //! `FAKE_SERVER_DELAY_MS=n` makes it wait before listening.
 
@@ -244,6 +248,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     let fake = Shared(Arc::new(fake));
+    if let Some(idle_secs) = std::env::var("TIMEOUT_FOR_SPECIFIC_SERVER_S")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        let fake = fake.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+            if fake.streams.lock().expect("lock").is_empty() {
+                eprintln!("fake client server: no client within {idle_secs} s; exiting");
+                std::process::exit(0);
+            }
+        });
+    }
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], fake.port));
     eprintln!("fake client server on {addr}");
     tonic::transport::Server::builder()

@@ -88,6 +88,14 @@ pub(crate) async fn body(request: Request) -> Response {
     }
 }
 
+/// `POST /test/early`: answers 200 at once and reads the request body
+/// afterwards, in the background, as a module that answers before the
+/// upload is over does. The connection stays busy until the body ends.
+pub(crate) async fn early(request: Request) -> Response {
+    tokio::spawn(count_body(request.into_body()));
+    (StatusCode::OK, "answered before the body").into_response()
+}
+
 /// Consumes `body` without buffering it and returns its length in bytes.
 async fn count_body(body: Body) -> Result<u64, axum::Error> {
     let mut stream = body.into_data_stream();

@@ -149,6 +149,7 @@ fn router(state: AppState) -> Router {
         .route("/test/echo/", any(http::echo))
         .route("/test/echo/{*rest}", any(http::echo))
         .route("/test/body", post(http::body))
+        .route("/test/early", post(http::early))
         .route("/test/stream", get(http::stream))
         .route("/test/ws/echo", get(ws::echo))
         .route("/test/ws/out", get(ws::out))

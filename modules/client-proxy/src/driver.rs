@@ -1,0 +1,246 @@
+//! The HTTP/2 connection that a server's `RayletDriver` calls take.
+//!
+//! It speaks h2 directly rather than through hyper's client. hyper hands a
+//! request body to a new stream only once the stream is open, that is once
+//! its HEADERS have been written, so every call went to the server in two
+//! writes (HEADERS, then its one DATA frame) and woke the server twice. Here
+//! the body's first frame is queued together with the HEADERS and both
+//! leave in one write; the rest of a larger body follows under the server's
+//! flow control.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use h2::client::SendRequest;
+use h2::{RecvStream, SendStream};
+use http_body::{Body as _, Frame};
+use http_body_util::BodyExt;
+use tokio::net::TcpStream;
+use tonic::body::Body;
+use tracing::debug;
+
+use crate::servers::MAX_FRAME_BYTES;
+
+/// The longest wait for the TCP connection and the HTTP/2 handshake.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a call could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// No connection could be made.
+    #[error("cannot connect: {0}")]
+    Connect(#[source] std::io::Error),
+    /// The handshake, the connection or the stream failed.
+    #[error(transparent)]
+    H2(#[from] h2::Error),
+    /// The client's request body failed before it was sent on.
+    #[error("the call's request broke off: {0}")]
+    Request(String),
+}
+
+/// One multiplexed connection to a server, made at its first call and made
+/// again when it has broken.
+#[derive(Debug)]
+pub struct DriverChannel {
+    addr: SocketAddr,
+    sender: Mutex<Option<SendRequest<Bytes>>>,
+}
+
+impl DriverChannel {
+    /// A channel to `127.0.0.1:port`; nothing is connected yet.
+    pub fn new(port: u16) -> DriverChannel {
+        DriverChannel {
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            sender: Mutex::new(None),
+        }
+    }
+
+    /// Sends `request` and returns the server's answer as it comes. The
+    /// answer's body yields the server's frames and trailers unchanged.
+    pub async fn call(
+        &self,
+        request: http::Request<Body>,
+    ) -> Result<http::Response<AnswerBody>, DriverError> {
+        let (parts, mut body) = request.into_parts();
+        // A unary request's message arrives with its headers: wait for it,
+        // so that it is sent with them.
+        let first = match body.frame().await {
+            Some(Ok(frame)) => Some(frame),
+            Some(Err(e)) => return Err(DriverError::Request(e.to_string())),
+            None => None,
+        };
+        let ended = first.is_none() || body.is_end_stream();
+        let mut sender = self.ready_sender().await?;
+        let head = http::Request::from_parts(parts, ());
+        let (answer, mut stream) = sender.send_request(head, first.is_none())?;
+        if let Some(frame) = first {
+            send_frame(&mut stream, frame, ended)?;
+        }
+        if !ended {
+            tokio::spawn(async move {
+                let mut stream = stream;
+                if let Err(e) = pump(body, &mut stream).await {
+                    debug!(error = %e, "a driver call's request body broke off");
+                    stream.send_reset(h2::Reason::CANCEL);
+                }
+            });
+        }
+        let answer = answer.await?;
+        Ok(answer.map(|inner| AnswerBody {
+            inner,
+            data_done: false,
+        }))
+    }
+
+    /// A sender that is ready for a new stream, on the cached connection
+    /// or, when that one has gone, on a new one.
+    async fn ready_sender(&self) -> Result<SendRequest<Bytes>, DriverError> {
+        let cached = self
+            .sender
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(sender) = cached {
+            match sender.ready().await {
+                Ok(sender) => return Ok(sender),
+                Err(e) => {
+                    debug!(addr = %self.addr, error = %e, "driver connection gone; reconnecting")
+                }
+            }
+        }
+        let sender = self.connect().await?;
+        *self.sender.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender.clone());
+        Ok(sender.ready().await?)
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Bytes>, DriverError> {
+        let handshake = async {
+            let tcp = TcpStream::connect(self.addr)
+                .await
+                .map_err(DriverError::Connect)?;
+            tcp.set_nodelay(true).map_err(DriverError::Connect)?;
+            let (sender, connection) = h2::client::Builder::new()
+                .initial_window_size(8 << 20)
+                .initial_connection_window_size(32 << 20)
+                .max_frame_size(MAX_FRAME_BYTES)
+                .handshake::<_, Bytes>(tcp)
+                .await?;
+            Ok::<_, DriverError>((sender, connection))
+        };
+        let (sender, connection) = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
+            .await
+            .map_err(|_| {
+                DriverError::Connect(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no HTTP/2 connection within {CONNECT_TIMEOUT:?}"),
+                ))
+            })??;
+        let addr = self.addr;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                debug!(%addr, error = %e, "driver connection ended");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+/// Queues one request frame on `stream` (h2 holds data beyond the stream's
+/// window until the server grants it).
+fn send_frame(
+    stream: &mut SendStream<Bytes>,
+    frame: Frame<Bytes>,
+    end: bool,
+) -> Result<(), h2::Error> {
+    match frame.into_data() {
+        Ok(data) => stream.send_data(data, end),
+        Err(frame) => match frame.into_trailers() {
+            Ok(trailers) => stream.send_trailers(trailers),
+            Err(_) => Ok(()),
+        },
+    }
+}
+
+/// Sends the rest of a request body, each frame once the server's window
+/// has room for it, so that a large body is never held here whole.
+async fn pump(mut body: Body, stream: &mut SendStream<Bytes>) -> Result<(), DriverError> {
+    let mut ended = false;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| DriverError::Request(e.to_string()))?;
+        let mut data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    stream.send_trailers(trailers)?;
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        let end = body.is_end_stream();
+        ended = end;
+        if data.is_empty() {
+            stream.send_data(data, end)?;
+            continue;
+        }
+        while data.has_remaining() {
+            stream.reserve_capacity(data.len());
+            let granted = match std::future::poll_fn(|cx| stream.poll_capacity(cx)).await {
+                Some(granted) => granted?,
+                None => return Err(DriverError::Request("the server closed the stream".into())),
+            };
+            if granted == 0 {
+                continue;
+            }
+            let chunk = data.split_to(granted.min(data.len()));
+            stream.send_data(chunk, end && data.is_empty())?;
+        }
+    }
+    if !ended {
+        stream.send_data(Bytes::new(), true)?;
+    }
+    Ok(())
+}
+
+/// The body of a server's answer: its DATA frames as they come (each one's
+/// window given back to the server once it is handed on), then its
+/// trailers.
+#[derive(Debug)]
+pub struct AnswerBody {
+    inner: RecvStream,
+    data_done: bool,
+}
+
+impl http_body::Body for AnswerBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        if !self.data_done {
+            match std::task::ready!(self.inner.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = self.inner.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => self.data_done = true,
+            }
+        }
+        match std::task::ready!(self.inner.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}

@@ -480,12 +480,9 @@ fn gcs_address(session: &Path) -> Option<String> {
 }
 
 fn write_launcher(session: &Session) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
     let dir = session.dir.join("ray_dashd");
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-        _ => {}
-    }
+    crate::session::private_dir(&dir)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
     for (name, text) in FILES {
         std::fs::write(dir.join(name), text)?;
     }

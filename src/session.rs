@@ -3,7 +3,7 @@
 
 use std::fs::{self, DirBuilder};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::StartupError;
@@ -39,22 +39,7 @@ impl Session {
             create_session_dir(dir).map_err(err(dir))?;
         }
         let sockets = dir.join("sockets");
-        match DirBuilder::new().mode(0o700).create(&sockets) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let meta = fs::metadata(&sockets).map_err(err(&sockets))?;
-                if !meta.is_dir() {
-                    return Err(err(&sockets)(io::Error::other(
-                        "exists and is not a folder",
-                    )));
-                }
-                if meta.permissions().mode() & 0o077 != 0 {
-                    fs::set_permissions(&sockets, fs::Permissions::from_mode(0o700))
-                        .map_err(err(&sockets))?;
-                }
-            }
-            Err(e) => return Err(err(&sockets)(e)),
-        }
+        private_dir(&sockets).map_err(err(&sockets))?;
         let logs = dir.join("logs");
         fs::create_dir_all(&logs).map_err(err(&logs))?;
         Ok(Session {
@@ -105,6 +90,38 @@ fn create_session_dir(dir: &Path) -> io::Result<()> {
     }
 }
 
+/// Makes `path` a folder only this user can enter (0700), or checks that
+/// the one there is: a real folder, not a link another user could point
+/// elsewhere, owned by this user; a wider mode is narrowed. What it holds
+/// is kept.
+pub(crate) fn private_dir(path: &Path) -> io::Result<()> {
+    match DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() {
+        return Err(io::Error::other(
+            "is a symbolic link; it must be a folder of its own",
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(io::Error::other("exists and is not a folder"));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(io::Error::other(format!(
+            "is owned by uid {}, not by this user (uid {me})",
+            meta.uid()
+        )));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        fs::set_permissions(path, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +163,23 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn a_linked_sockets_folder_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("session_x");
+        let elsewhere = tmp.path().join("elsewhere");
+        fs::create_dir_all(&dir).expect("mkdir");
+        fs::create_dir_all(&elsewhere).expect("mkdir");
+        std::os::unix::fs::symlink(&elsewhere, dir.join("sockets")).expect("link");
+        let msg = Session::prepare(&dir)
+            .expect_err("a link is refused")
+            .to_string();
+        assert!(
+            msg.contains("sockets") && msg.contains("symbolic link"),
+            "{msg}"
+        );
     }
 
     #[test]

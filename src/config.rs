@@ -221,12 +221,30 @@ struct RawRoute {
     kind: RouteKind,
 }
 
-/// Paths the host answers itself; no module may claim them.
+/// Paths the host answers itself, as its router (axum's, matchit patterns:
+/// `{name}` is one segment, `{*rest}` the rest of the path) writes them. A
+/// request is looked up among the module routes first, so no module route
+/// may match any of these, whatever its method.
 pub const HOST_PATHS: &[&str] = &[
+    // ray-dashd's own API (server.rs).
     "/api/healthz",
     "/api/modules",
     "/api/modules/{name}",
     "/api/modules/{name}/restart",
+    // ray-dashd's UI, its only place when Ray's own UI is served at `/`.
+    "/dashd",
+    "/dashd/{*path}",
+    // What Ray's dashboard parent serves (when Ray's modules are hosted):
+    // its web UI (server.rs) and its own routes (ray/parent.rs).
+    "/",
+    "/favicon.ico",
+    "/static/{*path}",
+    crate::ray::parent::GCS_HEALTH_PATH,
+    "/timezone",
+    "/api/authentication_mode",
+    "/api/authenticate",
+    "/usage_stats_enabled",
+    "/cluster_id",
 ];
 
 /// Largest request-head size accepted: hyper needs at least 8 KiB.
@@ -270,16 +288,44 @@ fn parse<T: serde::de::DeserializeOwned>(origin: &str, text: &str) -> Result<T, 
     let deserializer = toml::Deserializer::new(text);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let field = err.path().to_string();
+        let at = err.inner().span().map(|span| line_column(text, span.start));
+        // One line: the message of a syntax error may span several.
+        let message = err
+            .inner()
+            .message()
+            .split('\n')
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let (field, problem) = match (field == ".", at) {
+            // A syntax error (or a bad top-level table): the place is all
+            // there is to name.
+            (true, Some((line, column))) => (format!("line {line}, column {column}"), message),
+            (true, None) => ("(top level)".to_owned(), message),
+            (false, Some((line, column))) => {
+                (field, format!("{message} (line {line}, column {column})"))
+            }
+            (false, None) => (field, message),
+        };
         ConfigError::Invalid {
             file: origin.to_owned(),
-            field: if field == "." {
-                "(top level)".into()
-            } else {
-                field
-            },
-            problem: err.inner().message().trim().to_owned(),
+            field,
+            problem,
         }
     })
+}
+
+/// The 1-based line and column (in characters) of byte `offset` of `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let offset = (0..=offset.min(text.len()))
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
 }
 
 struct Validator<'a> {
@@ -387,14 +433,7 @@ impl Validator<'_> {
                 );
             }
         }
-        for host_path in HOST_PATHS {
-            for method in [Method::GET, Method::POST, Method::HEAD] {
-                claimed.insert(
-                    (method, normalize_pattern(host_path)),
-                    ("ray-dashd (host)".to_owned(), host_path.to_string()),
-                );
-            }
-        }
+        let host_paths = HostPaths::new();
         for (i, m) in raw.into_iter().enumerate() {
             let at = format!("modules[{i}]");
             if m.name.is_empty()
@@ -438,22 +477,33 @@ impl Validator<'_> {
                     );
                 }
                 check_pattern(&r.path).map_err(|p| self.invalid(format!("{rat}.path"), p))?;
-                let key = (method.clone(), normalize_pattern(&r.path));
+                let route = RouteSpec {
+                    method,
+                    path: r.path,
+                    kind: r.kind,
+                };
+                if let Some(host_path) = host_paths.shadowed_by(&route) {
+                    return Err(self.invalid(
+                        format!("{rat}.path"),
+                        format!(
+                            "{} {} of module {:?} would shadow {host_path}, which ray-dashd (host) serves itself",
+                            route.method, route.path, m.name
+                        ),
+                    ));
+                }
+                let (method, path) = (&route.method, &route.path);
+                let key = (method.clone(), normalize_pattern(path));
                 if let Some((other, other_path)) = claimed.get(&key) {
                     return Err(self.invalid(
                         format!("{rat}.path"),
                         format!(
-                            "{method} {} is claimed by both {other:?} ({other_path}) and {:?}",
-                            r.path, m.name
+                            "{method} {path} is claimed by both {other:?} ({other_path}) and {:?}",
+                            m.name
                         ),
                     ));
                 }
-                claimed.insert(key, (m.name.clone(), r.path.clone()));
-                routes.push(RouteSpec {
-                    method,
-                    path: r.path,
-                    kind: r.kind,
-                });
+                claimed.insert(key, (m.name.clone(), path.clone()));
+                routes.push(route);
             }
             let supervision =
                 self.supervision(&format!("{at}.supervision"), &m.supervision, defaults)?;
@@ -528,10 +578,14 @@ impl Validator<'_> {
             )?,
             stop_grace: self.secs(&f("stop_grace_secs"), raw.stop_grace_secs, base.stop_grace)?,
         };
+        // A zero backoff or stable-after time would restart a failing module
+        // at once, again and again.
         let positive = [
             ("startup_timeout_secs", s.startup_timeout),
             ("health_interval_secs", s.health_interval),
             ("health_timeout_secs", s.health_timeout),
+            ("backoff_initial_secs", s.backoff_initial),
+            ("stable_after_secs", s.stable_after),
         ];
         for (name, d) in positive {
             if d.is_zero() {
@@ -570,6 +624,84 @@ impl ModuleSpec {
         }
         program.to_path_buf()
     }
+}
+
+/// The host's own paths ([`HOST_PATHS`]), each with a matcher, for finding
+/// module routes that would shadow them.
+struct HostPaths(Vec<(&'static str, matchit::Router<()>)>);
+
+impl HostPaths {
+    fn new() -> HostPaths {
+        HostPaths(
+            HOST_PATHS
+                .iter()
+                .map(|path| {
+                    let mut matcher = matchit::Router::new();
+                    matcher
+                        .insert(*path, ())
+                        .expect("UNWRAP: HOST_PATHS are valid matchit patterns");
+                    (*path, matcher)
+                })
+                .collect(),
+        )
+    }
+
+    /// The first host path that `route` would answer (whatever the method:
+    /// a path that a module route matches is the module's), if any. Two
+    /// patterns overlap when a path built from the host path, with each of
+    /// its parameters filled from the route's segment at the same place,
+    /// matches both; the route side is checked by the proxy's own matcher.
+    fn shadowed_by(&self, route: &RouteSpec) -> Option<&'static str> {
+        let probe = ModuleSpec {
+            name: String::new(),
+            program: String::new(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            routes: vec![route.clone()],
+            supervision: Supervision::default(),
+        };
+        let table = crate::routes::RouteTable::new(std::slice::from_ref(&probe));
+        self.0.iter().find_map(|(host_path, matcher)| {
+            let path = overlap_probe(&route.path, host_path);
+            let shadowed = matcher.at(&path).is_ok()
+                && table.lookup(&route.method, &path) != crate::routes::Lookup::NotFound;
+            shadowed.then_some(*host_path)
+        })
+    }
+}
+
+/// The path that matches both `pattern` (a module route's) and `host` (a
+/// matchit pattern) if any does: `host` with its `{name}` parameters taken
+/// from `pattern`'s literal segment at the same place (else `x`), and its
+/// `{*rest}` from `pattern`'s remaining segments.
+fn overlap_probe(pattern: &str, host: &str) -> String {
+    let route: Vec<&str> = pattern.split('/').collect();
+    let literal = |segment: &str| {
+        if segment.starts_with('{') {
+            "x".to_owned()
+        } else {
+            segment.to_owned()
+        }
+    };
+    let mut probe = Vec::new();
+    for (i, segment) in host.split('/').enumerate() {
+        if segment.starts_with("{*") {
+            let rest = route.get(i..).unwrap_or_default();
+            if rest.is_empty() {
+                probe.push("x".to_owned());
+            }
+            probe.extend(rest.iter().map(|s| literal(s)));
+            break;
+        } else if segment.starts_with('{') {
+            probe.push(match route.get(i) {
+                Some(s) if !s.is_empty() => literal(s),
+                _ => "x".to_owned(),
+            });
+        } else {
+            probe.push(segment.to_owned());
+        }
+    }
+    probe.join("/")
 }
 
 /// Checks an aiohttp-style path pattern: absolute, `{name}` segments only.
@@ -716,6 +848,166 @@ routes = [{ method = "POST", path = "/api/jobs/", type = "http" }]
         let text = "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nroutes = [{ method = \"GET\", path = \"/api/healthz\", type = \"http\" }]\n";
         let msg = load(text).expect_err("host path").to_string();
         assert!(msg.contains("ray-dashd (host)"), "{msg}");
+    }
+
+    fn module_with_route(method: &str, path: &str) -> String {
+        format!(
+            "[[modules]]\nname = \"shadow\"\ncommand = [\"x\"]\nroutes = [{{ method = \"{method}\", path = \"{path}\", type = \"http\" }}]\n"
+        )
+    }
+
+    #[test]
+    fn module_routes_may_not_shadow_host_paths_with_any_method_or_pattern() {
+        let cases = [
+            ("PUT", "/api/healthz", "/api/healthz"),
+            ("DELETE", "/api/healthz", "/api/healthz"),
+            ("GET", "/api/{x}", "/api/healthz"),
+            ("POST", "/api/{x}", "/api/healthz"),
+            ("GET", "/api/modules/{m}", "/api/modules/{name}"),
+            ("GET", "/api/modules/logs", "/api/modules/{name}"),
+            ("GET", "/api/{a}/{b}", "/api/modules/{name}"),
+            (
+                "PATCH",
+                "/api/{a}/{b}/restart",
+                "/api/modules/{name}/restart",
+            ),
+            ("GET", "/api/gcs_healthz", "/api/gcs_healthz"),
+            ("GET", "/{page}", "/dashd"),
+            ("GET", "/dashd/{file}", "/dashd/{*path}"),
+            ("GET", "/static/js/{file}", "/static/{*path}"),
+            ("GET", "/", "/"),
+        ];
+        for (method, path, host_path) in cases {
+            let msg = load(&module_with_route(method, path))
+                .expect_err(path)
+                .to_string();
+            assert!(msg.contains("test.toml"), "{msg}");
+            assert!(msg.contains("modules[0].routes[0].path"), "{msg}");
+            assert!(msg.contains("\"shadow\""), "{msg}");
+            assert!(msg.contains(&format!("{method} {path} ")), "{msg}");
+            assert!(msg.contains(&format!("shadow {host_path},")), "{msg}");
+            assert!(msg.contains("ray-dashd (host)"), "{msg}");
+        }
+        for (method, path) in [
+            ("GET", "/api/healthz/"),
+            ("GET", "/api/healthz/{x}"),
+            ("GET", "/api/modules/"),
+            ("GET", "/api/{a}/{b}/{c}/{d}"),
+            ("POST", "/api/{x}/{y}/stop"),
+            ("GET", "/apis/healthz"),
+            ("GET", "/dashd-logs"),
+        ] {
+            load(&module_with_route(method, path)).expect(path);
+        }
+    }
+
+    /// Every route of Ray 2.60's dashboard modules but the GCS health check
+    /// (which `routes.py --omit` leaves out) fits beside the host's paths.
+    #[test]
+    fn ray_module_routes_do_not_shadow_host_paths() {
+        let ray_routes = [
+            ("GET", "/api/data/datasets/{job_id}"),
+            ("GET", "/api/v0/cluster_events"),
+            ("GET", "/events"),
+            ("POST", "/report_events"),
+            ("GET", "/api/component_activities"),
+            ("GET", "/api/jobs/"),
+            ("POST", "/api/jobs/"),
+            ("DELETE", "/api/jobs/{job_or_submission_id}"),
+            ("GET", "/api/jobs/{job_or_submission_id}/logs"),
+            ("GET", "/api/jobs/{job_or_submission_id}/logs/tail"),
+            ("POST", "/api/jobs/{job_or_submission_id}/stop"),
+            ("GET", "/api/packages/{protocol}/{package_name}"),
+            ("GET", "/api/version"),
+            ("GET", "/api/grafana_health"),
+            ("GET", "/logical/actors/{actor_id}"),
+            ("GET", "/nodes"),
+            ("GET", "/nodes/{node_id}"),
+            ("GET", "/test/dump"),
+            ("GET", "/api/cluster_status"),
+            ("GET", "/api/prometheus/sd"),
+            ("GET", "/memory_profile"),
+            ("GET", "/worker/traceback"),
+            ("GET", "/api/ray/version"),
+            ("PUT", "/api/serve/applications/"),
+            (
+                "POST",
+                "/api/v1/applications/{application_name}/deployments/{deployment_name}/scale",
+            ),
+            ("GET", "/api/v0/delay/{delay_s}"),
+            ("GET", "/api/v0/logs/{media_type}"),
+            ("POST", "/api/task_events/query"),
+            ("GET", "/api/train/v2/runs/v1"),
+        ];
+        for (method, path) in ray_routes {
+            load(&module_with_route(method, path)).expect(path);
+        }
+    }
+
+    #[test]
+    fn zero_backoff_or_stable_after_is_refused() {
+        let cases = [
+            (
+                "[module_defaults]\nbackoff_initial_secs = 0\n",
+                "module_defaults.backoff_initial_secs",
+            ),
+            (
+                "[module_defaults]\nbackoff_initial_secs = 0\nbackoff_max_secs = 0\n",
+                "module_defaults.backoff_initial_secs",
+            ),
+            (
+                "[module_defaults]\nbackoff_initial_secs = 0.0000000001\n",
+                "module_defaults.backoff_initial_secs",
+            ),
+            (
+                "[module_defaults]\nstable_after_secs = 0\n",
+                "module_defaults.stable_after_secs",
+            ),
+            (
+                "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nsupervision = { backoff_initial_secs = 0 }\n",
+                "modules[0].supervision.backoff_initial_secs",
+            ),
+            (
+                "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nsupervision = { stable_after_secs = 0.0 }\n",
+                "modules[0].supervision.stable_after_secs",
+            ),
+        ];
+        for (text, field) in cases {
+            let msg = load(text).expect_err(text).to_string();
+            assert!(msg.contains("test.toml"), "{msg}");
+            assert!(msg.contains(field), "{field} not in {msg}");
+            assert!(msg.contains("must be greater than zero"), "{msg}");
+        }
+        let text = "[module_defaults]\nbackoff_initial_secs = 0.01\nstable_after_secs = 0.01\n";
+        load(text).expect("small but positive");
+    }
+
+    #[test]
+    fn syntax_error_names_file_line_and_column() {
+        let msg = load("# ports\n[server]\nport = 80 80\n")
+            .expect_err("syntax error")
+            .to_string();
+        assert!(
+            msg.starts_with("config test.toml: line 3, column 11: "),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(
+            msg.len() > "config test.toml: line 3, column 11: ".len(),
+            "{msg}"
+        );
+        // A bad value names the field and the place too.
+        let msg = load("[server]\nport = \"high\"\n")
+            .expect_err("bad port")
+            .to_string();
+        assert!(
+            msg.contains("server.port") && msg.contains("line 2, column 8"),
+            "{msg}"
+        );
+        assert_eq!(line_column("ab\ncé\nd", 6), (2, 3));
+        assert_eq!(line_column("ab\ncé\nd", 5), (2, 2));
+        assert_eq!(line_column("ab\ncé\nd", 7), (3, 1));
+        assert_eq!(line_column("x", 99), (1, 2));
     }
 
     #[test]

@@ -6,13 +6,28 @@ use clap::Parser;
 use ray_dashd::cli::Cli;
 use ray_dashd::config::Config;
 
+/// The exit status of a bad command line or config (`EX_USAGE`).
+const USAGE: u8 = 64;
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // `--help` and `--version` come here too, to stdout; they
+            // succeed. A real error is printed as clap words it.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     let config = match Config::load(&cli) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("ray-dashd: {e}");
-            return ExitCode::from(64);
+            return ExitCode::from(USAGE);
         }
     };
     if cli.check_config {

@@ -111,3 +111,71 @@ fn default_config_checks() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("example"));
 }
+
+/// Writes `text` as `name` in a temp dir and checks it with the binary.
+fn check_config(name: &str, text: &str) -> std::process::Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).expect("write");
+    run(&["--config", path.to_str().expect("utf8"), "--check-config"])
+}
+
+/// An unknown flag is a bad command line: exit 64 (not clap's 2), with
+/// clap's message naming the flag; `--version` still succeeds.
+#[test]
+fn unknown_flag_exits_64_naming_it() {
+    let out = run(&["--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--no-such-flag"), "{err}");
+    let out = run(&["--port", "not-a-port"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not-a-port"));
+    let out = run(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ray-dashd"));
+}
+
+/// A TOML syntax error names the file, the line and the column.
+#[test]
+fn config_syntax_error_names_file_line_and_column() {
+    let out = check_config("syntax.toml", "[server]\nport = 80 80\n");
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("syntax.toml") && err.contains("line 2, column 11"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+/// A zero restart backoff (which would restart a failing module in a hot
+/// loop) is refused, naming the field.
+#[test]
+fn config_with_zero_backoff_is_refused() {
+    let out = check_config("zero.toml", "[module_defaults]\nbackoff_initial_secs = 0\n");
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("zero.toml") && err.contains("module_defaults.backoff_initial_secs"),
+        "{err}"
+    );
+}
+
+/// A module route that would answer the host's own health check, by
+/// another method or through a parameter, is refused naming the module,
+/// the route and the host path.
+#[test]
+fn config_route_shadowing_a_host_path_is_refused() {
+    for (method, path) in [("PUT", "/api/healthz"), ("GET", "/api/{x}")] {
+        let text = format!(
+            "[[modules]]\nname = \"greedy\"\ncommand = [\"true\"]\nroutes = [{{ method = \"{method}\", path = \"{path}\", type = \"http\" }}]\n"
+        );
+        let out = check_config("shadow.toml", &text);
+        assert_eq!(out.status.code(), Some(64));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("\"greedy\""), "{err}");
+        assert!(err.contains(&format!("{method} {path}")), "{err}");
+        assert!(err.contains("/api/healthz"), "{err}");
+    }
+}

@@ -28,6 +28,10 @@ const FIRST_STARTUP_POLL: Duration = Duration::from_millis(20);
 const MAX_STARTUP_POLL: Duration = Duration::from_millis(50);
 /// Lines of each log quoted when a module fails.
 const TAIL_LINES: usize = 10;
+/// The least time between two starts of a module, whatever the settings: a
+/// command that cannot even be spawned fails without awaiting anything, and
+/// restarting it at once would spin the runtime's thread.
+pub(crate) const MIN_RESTART_INTERVAL: Duration = Duration::from_millis(100);
 
 /// A request to a module task.
 #[derive(Debug)]
@@ -60,6 +64,7 @@ impl ModuleTask {
         let supervision = self.shared.spec.supervision.clone();
         let mut failures_in_row = 0u32;
         for incarnation in 0.. {
+            let started = Instant::now();
             let (end, healthy_for) = self.run_incarnation(incarnation, &supervision).await;
             match end {
                 End::Shutdown => break,
@@ -69,7 +74,7 @@ impl ModuleTask {
                         failures_in_row = 0;
                     }
                     failures_in_row += 1;
-                    let delay = backoff_delay(&supervision, failures_in_row);
+                    let delay = restart_delay(&supervision, failures_in_row, started.elapsed());
                     self.shared.update(|s| {
                         s.failures_in_row = failures_in_row;
                         s.backoff = Some(delay);
@@ -315,6 +320,13 @@ pub(crate) fn backoff_delay(sup: &Supervision, failures: u32) -> Duration {
         .min(sup.backoff_max)
 }
 
+/// The delay before the next incarnation after `failures` failures in a
+/// row, the last of which started `since_start` ago: the backoff, but never
+/// less than what is left of [`MIN_RESTART_INTERVAL`].
+pub(crate) fn restart_delay(sup: &Supervision, failures: u32, since_start: Duration) -> Duration {
+    backoff_delay(sup, failures).max(MIN_RESTART_INTERVAL.saturating_sub(since_start))
+}
+
 fn describe(status: &io::Result<ExitStatus>) -> String {
     match status {
         Ok(status) => status.to_string(),
@@ -356,6 +368,38 @@ mod tests {
             [0, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
         );
         assert_eq!(backoff_delay(&sup, u32::MAX), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn restarts_are_never_closer_than_the_minimum_interval() {
+        // Settings the config refuses, as if they got through anyway.
+        let zero = Supervision {
+            backoff_initial: Duration::ZERO,
+            backoff_max: Duration::ZERO,
+            stable_after: Duration::ZERO,
+            ..Supervision::default()
+        };
+        for failures in [1, 2, 10] {
+            assert_eq!(
+                restart_delay(&zero, failures, Duration::ZERO),
+                MIN_RESTART_INTERVAL
+            );
+            assert_eq!(
+                restart_delay(&zero, failures, Duration::from_millis(30)),
+                Duration::from_millis(70)
+            );
+        }
+        // A module that ran a while is restarted at once the first time.
+        let sup = Supervision::default();
+        assert_eq!(
+            restart_delay(&sup, 1, Duration::from_secs(5)),
+            Duration::ZERO
+        );
+        assert_eq!(restart_delay(&sup, 1, Duration::ZERO), MIN_RESTART_INTERVAL);
+        assert_eq!(
+            restart_delay(&sup, 3, Duration::ZERO),
+            Duration::from_secs(1)
+        );
     }
 
     #[test]

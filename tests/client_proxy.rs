@@ -52,9 +52,14 @@ const PREFIX: usize = 5;
 /// A block of `n` server ports for one test, so tests running at once
 /// rarely share (the pool skips ports someone else holds anyway). Above the
 /// kernel's ephemeral range (32768–60999), so that no outgoing connection
-/// takes a port between the pool's check and the server's bind.
+/// takes a port between the pool's check and the server's bind. Blocks
+/// 0–19 hold up to 25 ports each; the one large block, 20, the rest.
 fn port_block(index: u16, n: u16) -> String {
-    let first = 61_000 + index * 350 + (std::process::id() % 6) as u16 * 50;
+    assert!(
+        index >= 20 || n <= 25,
+        "block {index} holds at most 25 ports"
+    );
+    let first = 61_000 + index * 150 + (std::process::id() % 6) as u16 * 25;
     format!("{first}-{}", first + n - 1)
 }
 
@@ -920,6 +925,78 @@ async fn a_client_gone_while_its_server_starts_leaves_no_server() {
     assert!(drained.is_some(), "left behind: {}", clients_view(&d).await);
 }
 
+/// A server whose port another process listens on too (gRPC's servers set
+/// SO_REUSEPORT, so both can bind it, and Ray's own proxier takes ports
+/// from the same range) is not used: the kernel would split the client's
+/// calls between the two. It is stopped and the client gets a server on
+/// another port.
+#[tokio::test]
+async fn a_server_port_shared_with_a_stranger_is_given_up() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fake = bin_dir()
+        .join("ray-dashd-fake-client-server")
+        .display()
+        .to_string();
+    // Each server start says its port, then waits for the test's go-ahead.
+    let script = r#"dir=$0; fake=$1; shift
+for a; do case "$a" in --port=*) p=${a#--port=};; esac; done
+echo "$p" > "$dir/port.new" && mv "$dir/port.new" "$dir/port"
+i=0; while [ ! -e "$dir/go_$p" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+exec "$fake" "$@""#;
+    let dir_arg = dir.path().display().to_string();
+    let (d, port) = setup(port_block(10, 5))
+        .server_command(&["/bin/sh", "-c", script, &dir_arg, &fake])
+        .env("FAKE_SERVER_REUSEPORT", "1")
+        .start()
+        .await;
+    let started_on = |dir: std::path::PathBuf| async move {
+        std::fs::read_to_string(dir.join("port"))
+            .ok()
+            .and_then(|text| text.trim().parse::<u16>().ok())
+    };
+    let connecting = tokio::spawn(async move { TestClient::connect(port, "shared", 30).await });
+    let first = eventually(WAIT, || started_on(dir.path().to_path_buf()))
+        .await
+        .expect("a server start began");
+    // The stranger: another listener on the same port, SO_REUSEPORT too.
+    let stranger =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    stranger.set_reuse_port(true).expect("SO_REUSEPORT");
+    stranger
+        .bind(&std::net::SocketAddr::from(([127, 0, 0, 1], first)).into())
+        .expect("bind beside the server's port");
+    stranger.listen(16).expect("listen");
+    std::fs::write(dir.path().join(format!("go_{first}")), b"").expect("go");
+    let second = eventually(WAIT, || async {
+        started_on(dir.path().to_path_buf())
+            .await
+            .filter(|&p| p != first)
+    })
+    .await
+    .expect("a server start on another port");
+    std::fs::write(dir.path().join(format!("go_{second}")), b"").expect("go");
+    let c = tokio::time::timeout(WAIT, connecting)
+        .await
+        .expect("connected in time")
+        .expect("client connects");
+    assert_eq!(
+        c.whoami().await["port"].as_u64(),
+        Some(u64::from(second)),
+        "the client's server is not on the unshared port"
+    );
+    let log = std::fs::read_to_string(
+        d.session()
+            .join("logs")
+            .join(format!("dashboard_{MODULE}.err")),
+    )
+    .unwrap_or_default();
+    assert!(
+        log.contains("another process listens"),
+        "the proxy did not say why: {log}"
+    );
+    drop(stranger);
+}
+
 /// The client port taken by another process: the module's state says so,
 /// and it takes the port once it is free.
 #[tokio::test]
@@ -984,7 +1061,7 @@ async fn a_taken_client_port_is_reported_plainly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_concurrent_clients() {
     const CLIENTS: usize = 500;
-    let (d, port) = setup(port_block(9, 600)).start().await;
+    let (d, port) = setup(port_block(20, 600)).start().await;
     let proxy_pid = d.module(MODULE).await["pid"].as_u64().expect("pid") as u32;
     let rss_before = crate::support::rss_kib(proxy_pid);
     let mut tasks = tokio::task::JoinSet::new();

@@ -20,6 +20,7 @@ pub mod driver;
 pub mod gcs;
 pub mod grpc;
 pub mod http;
+pub mod listeners;
 pub mod proxy;
 pub mod runtime_env;
 pub mod servers;

@@ -432,6 +432,14 @@ impl Proxy {
                 let port = self.launcher.ports().take()?;
                 self.launcher.start(port, context, spare).await
             }
+            Err(ServerError::Shared { port: shared }) => {
+                warn!(
+                    port = shared,
+                    "the port is shared with another process; starting on another"
+                );
+                let port = self.launcher.ports().take()?;
+                self.launcher.start(port, context, spare).await
+            }
             other => other,
         }
     }

@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::driver::DriverChannel;
+use crate::listeners;
 
 /// How a specific server is started.
 #[derive(Debug, Clone)]
@@ -73,6 +74,14 @@ pub enum ServerError {
         /// Its error log.
         log: String,
     },
+    /// Another process listens on its port too (gRPC sets SO_REUSEPORT, so
+    /// both could bind), and the kernel would split the client's calls
+    /// between them.
+    #[error("another process listens on port {port} too; a Ray client server there would share its connections")]
+    Shared {
+        /// The port.
+        port: u16,
+    },
     /// It did not accept connections in time.
     #[error("the Ray client server on port {port} did not accept connections within {timeout:?}; see {log}")]
     Timeout {
@@ -102,7 +111,7 @@ struct PoolState {
 impl PortPool {
     /// A pool of the ports in `range`.
     pub fn new(range: RangeInclusive<u16>) -> PortPool {
-        let next = *range.start();
+        let next = *range.end();
         PortPool {
             range,
             in_use: Mutex::new(PoolState {
@@ -112,19 +121,21 @@ impl PortPool {
         }
     }
 
-    /// Takes a port nobody listens on, going round the range so that a port
-    /// just given back is the last to be reused.
+    /// Takes a port nobody listens on, going round the range downwards so
+    /// that a port just given back is the last to be reused. Downwards from
+    /// the top: Ray's own proxier takes the lowest free port of the same
+    /// default range, so the two meet only when both are busy.
     pub fn take(&self) -> Result<u16, ServerError> {
         let (first, last) = (*self.range.start(), *self.range.end());
         let mut state = self.in_use.lock().expect("UNWRAP: pool lock poisoned");
         let span = u32::from(last - first) + 1;
         for step in 0..span {
-            let port = first + ((u32::from(state.next - first) + step) % span) as u16;
+            let port = last - ((u32::from(last - state.next) + step) % span) as u16;
             if state.taken.contains(&port) || !bindable(port) {
                 continue;
             }
             state.taken.insert(port);
-            state.next = if port == last { first } else { port + 1 };
+            state.next = if port == first { last } else { port - 1 };
             return Ok(port);
         }
         Err(ServerError::NoPort { first, last })
@@ -321,6 +332,14 @@ impl Launcher {
         let log = self.error_log(port).display().to_string();
         match tokio::time::timeout(self.command.ready_timeout, wait_listening(&server)).await {
             Ok(Ok(())) => {
+                if shared_port(port, pid).await {
+                    warn!(
+                        port,
+                        pid, "another process listens on the Ray client server's port too"
+                    );
+                    server.stop().await;
+                    return Err(ServerError::Shared { port });
+                }
                 info!(
                     port,
                     pid,
@@ -408,6 +427,34 @@ async fn wait_listening(server: &SpecificServer) -> Result<(), String> {
             _ = server.exited() => {}
         }
         pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// How long a server's own listener is looked for when only another
+/// process's is seen on its port.
+const OWN_LISTENER_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether the server of process group `group`, which answers on `port`,
+/// shares the port with another process's listener. When only another's
+/// listener is there, the server's own may be a moment from binding beside
+/// it: it is looked for a little while. A server whose listener never shows
+/// in its process group (one in a container of its own, say) cannot be
+/// told apart and counts as not shared.
+async fn shared_port(port: u16, group: u32) -> bool {
+    let deadline = Instant::now() + OWN_LISTENER_WAIT;
+    loop {
+        match listeners::census(port, group) {
+            Ok(census) if census.strangers == 0 => return false,
+            Ok(census) if census.ours > 0 => return true,
+            Ok(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(_) => return false,
+            Err(e) => {
+                debug!(port, error = %e, "cannot tell who listens on the port");
+                return false;
+            }
+        }
     }
 }
 
@@ -581,6 +628,18 @@ mod tests {
         pool.give_back(busy);
         assert_eq!(pool.in_use(), 0);
         assert_eq!(pool.take().unwrap(), busy);
+    }
+
+    #[test]
+    fn pool_hands_out_ports_from_the_top_down() {
+        let first = (61_500..65_000)
+            .find(|&port| (port..port + 3).all(bindable))
+            .expect("three free ports above the ephemeral range");
+        let pool = PortPool::new(first..=first + 2);
+        let order: Vec<u16> = (0..3).map(|_| pool.take().expect("a port")).collect();
+        assert_eq!(order, [first + 2, first + 1, first]);
+        pool.give_back(first + 1);
+        assert_eq!(pool.take().expect("the port given back"), first + 1);
     }
 
     #[test]

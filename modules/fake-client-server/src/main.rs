@@ -16,6 +16,9 @@
 //! only when set) seconds pass without a client: here, before any
 //! `Datapath` stream was opened.
 //!
+//! `FAKE_SERVER_REUSEPORT=1` makes it listen with SO_REUSEPORT, as
+//! gRPC's own servers do on Linux.
+//!
 //! `FAKE_SERVER_FAIL=1` makes it exit with an error before listening;
 //! `FAKE_SERVER_DELAY_MS=n` makes it wait before listening.
 
@@ -263,13 +266,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], fake.port));
     eprintln!("fake client server on {addr}");
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    if std::env::var_os("FAKE_SERVER_REUSEPORT").is_some() {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    let listener = tokio::net::TcpListener::from_std(socket.into())?;
     tonic::transport::Server::builder()
         .add_service(RayletDriverServer::new(fake.clone()).max_decoding_message_size(usize::MAX))
         .add_service(
             RayletDataStreamerServer::new(fake.clone()).max_decoding_message_size(usize::MAX),
         )
         .add_service(RayletLogStreamerServer::new(fake))
-        .serve(addr)
+        .serve_with_incoming(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+        )
         .await?;
     Ok(())
 }

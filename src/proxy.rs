@@ -4,6 +4,7 @@
 
 mod body;
 mod headers;
+mod module_stream;
 mod pool;
 mod websocket;
 

@@ -20,8 +20,9 @@ use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
 use tracing::debug;
+
+use super::module_stream::ModuleStream;
 
 /// Most idle connections kept; more are closed when their response ends.
 const MAX_IDLE: usize = 256;
@@ -112,7 +113,7 @@ impl ModulePool {
     }
 
     async fn connect(&self) -> Result<SendRequest<Body>, PoolError> {
-        let stream = UnixStream::connect(&self.inner.socket)
+        let stream = ModuleStream::connect(&self.inner.socket)
             .await
             .map_err(|source| PoolError::Connect {
                 socket: self.inner.socket.display().to_string(),

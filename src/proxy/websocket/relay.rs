@@ -24,7 +24,9 @@ use bytes::{Buf, Bytes, BytesMut};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
+
+use crate::proxy::module_stream::ModuleStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
@@ -103,7 +105,7 @@ impl Socket {
             Ok(parts) => return Socket::split(parts.io.into_inner().into_split(), parts.read_buf),
             Err(upgraded) => upgraded,
         };
-        let upgraded = match upgraded.downcast::<TokioIo<UnixStream>>() {
+        let upgraded = match upgraded.downcast::<TokioIo<ModuleStream>>() {
             Ok(parts) => return Socket::split(parts.io.into_inner().into_split(), parts.read_buf),
             Err(upgraded) => upgraded,
         };

@@ -13,35 +13,100 @@ use std::collections::HashSet;
 use std::fs;
 use std::io;
 
-/// The inodes of the sockets listening on TCP `port`, any address.
+/// The inodes of the sockets listening on TCP `port`, any address, as the
+/// kernel's socket diagnostics tell them (what `ss -tl` reads). Asked for
+/// listening sockets only, the kernel goes through its (small) table of
+/// listeners and not through the connections; `/proc/net/tcp` would make it
+/// walk every bucket of the connection table on each read.
 fn listening_inodes(port: u16) -> io::Result<HashSet<u64>> {
     let mut inodes = HashSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let text = match fs::read_to_string(table) {
-            Ok(text) => text,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        // `sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode`
-        for row in text.lines().skip(1) {
-            let fields: Vec<&str> = row.split_whitespace().collect();
-            let (Some(local), Some(state), Some(inode)) =
-                (fields.get(1), fields.get(3), fields.get(9))
-            else {
-                continue;
-            };
-            let local_port = local
-                .rsplit_once(':')
-                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
-            // 0A is LISTEN.
-            if local_port == Some(port) && *state == "0A" {
-                if let Ok(inode) = inode.parse() {
-                    inodes.insert(inode);
-                }
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        each_listener(family, |local_port, inode| {
+            if local_port == port {
+                inodes.insert(u64::from(inode));
             }
-        }
+        })?;
     }
     Ok(inodes)
+}
+
+/// The states asked for: only `TCP_LISTEN` (10), as a bit.
+const TCPF_LISTEN: u32 = 1 << 10;
+/// `SOCK_DIAG_BY_FAMILY`, the request and answer type of socket diagnostics.
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+/// The netlink header: length, type, flags, sequence number, port id.
+const NLMSG_HEADER: usize = 16;
+/// `struct inet_diag_msg`: family, state, timer, retransmits, the socket's
+/// id (local port at bytes 4–5, big-endian), expiry, queues, uid, inode
+/// (bytes 68–71).
+const DIAG_MSG_BYTES: usize = 72;
+
+/// Calls `each(local port, inode)` for every TCP socket of `family` in the
+/// listening state.
+fn each_listener(family: i32, mut each: impl FnMut(u16, u32)) -> io::Result<()> {
+    use nix::sys::socket::{
+        recv, sendto, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol,
+        SockType,
+    };
+    use std::os::fd::AsRawFd;
+
+    let fd = socket(
+        AddressFamily::Netlink,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkSockDiag,
+    )?;
+    // A dump request: the netlink header, then `struct inet_diag_req_v2`
+    // (family, protocol, extensions, padding, states, a zeroed socket id).
+    let mut request = Vec::with_capacity(NLMSG_HEADER + 56);
+    request.extend(((NLMSG_HEADER + 56) as u32).to_ne_bytes());
+    request.extend(SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    request.extend(((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
+    request.extend(1u32.to_ne_bytes());
+    request.extend(0u32.to_ne_bytes());
+    request.extend([family as u8, libc::IPPROTO_TCP as u8, 0, 0]);
+    request.extend(TCPF_LISTEN.to_ne_bytes());
+    request.extend([0u8; 48]);
+    sendto(
+        fd.as_raw_fd(),
+        &request,
+        &NetlinkAddr::new(0, 0),
+        MsgFlags::empty(),
+    )?;
+    let malformed = || io::Error::other("a malformed socket diagnostics answer");
+    let mut answer = [0u8; 8 << 10];
+    loop {
+        let n = recv(fd.as_raw_fd(), &mut answer, MsgFlags::empty())?;
+        if n == 0 {
+            return Err(malformed());
+        }
+        let mut at = 0;
+        while at + NLMSG_HEADER <= n {
+            let word = |i: usize| {
+                u32::from_ne_bytes([answer[i], answer[i + 1], answer[i + 2], answer[i + 3]])
+            };
+            let len = word(at) as usize;
+            let kind = u16::from_ne_bytes([answer[at + 4], answer[at + 5]]);
+            if len < NLMSG_HEADER || at + len > n {
+                return Err(malformed());
+            }
+            match i32::from(kind) {
+                libc::NLMSG_DONE => return Ok(()),
+                libc::NLMSG_ERROR => {
+                    let errno = i32::from_ne_bytes(word(at + NLMSG_HEADER).to_ne_bytes());
+                    return Err(io::Error::from_raw_os_error(-errno));
+                }
+                _ if kind == SOCK_DIAG_BY_FAMILY && len >= NLMSG_HEADER + DIAG_MSG_BYTES => {
+                    let msg = at + NLMSG_HEADER;
+                    let local_port = u16::from_be_bytes([answer[msg + 4], answer[msg + 5]]);
+                    each(local_port, word(msg + 68));
+                }
+                _ => {}
+            }
+            // Messages are aligned to 4 bytes.
+            at += (len + 3) & !3;
+        }
+    }
 }
 
 /// The process group of `pid` (field 5 of its stat).
@@ -81,12 +146,18 @@ pub struct Census {
 
 /// Counts the sockets listening on `port`, those of process group `group`
 /// apart from the rest.
+///
+/// The group's leader, which is most often the listener itself, is looked
+/// into first; the rest of `/proc` only when some listener is not its.
 pub fn census(port: u16, group: u32) -> io::Result<Census> {
     let mut listening = listening_inodes(port)?;
     let all = listening.len();
-    if all == 0 {
+    for inode in socket_inodes(group) {
+        listening.remove(&inode);
+    }
+    if listening.is_empty() {
         return Ok(Census {
-            ours: 0,
+            ours: all,
             strangers: 0,
         });
     }

@@ -354,6 +354,7 @@ impl Proxy {
                     info!(client_id = %client.id, port = server.port, "Ray client gone before its server was ready; stopping the server");
                     let server = server.clone();
                     tokio::spawn(async move { server.stop().await });
+                    self.refill_spare();
                     return result;
                 }
                 info!(client_id = %client.id, port = server.port, pid = server.pid, "Ray client server assigned");

@@ -264,13 +264,25 @@ async fn a_request_never_waits_for_another_requests_upload() {
 async fn client_connections_have_a_tcp_keepalive() {
     let d = dashd().module(test_module("tm")).start();
     d.healthy("tm", 0).await;
-    let idle = TcpStream::connect(d.addr()).expect("connect");
+    // One exchange first, so that the host has accepted the connection and
+    // set it up; then it stays open and idle.
+    let mut idle = TcpStream::connect(d.addr()).expect("connect");
+    idle.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    idle.write_all(b"GET /api/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("request");
+    let mut head = [0u8; 12];
+    idle.read_exact(&mut head).expect("response");
+    assert_eq!(&head, b"HTTP/1.1 200");
     let client_port = idle.local_addr().expect("local addr").port();
     let host_port = d.addr().port();
     // One row per socket: `sl local rem st tx:rx tr:when ...`, ports in hex.
+    // The timer kind of the host's side: 2 (keepalive) once the exchange's
+    // own timers are done.
+    let last_seen = std::sync::Mutex::new(String::from("no row"));
     let host_side = eventually(WAIT, || async {
         let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
-        table.lines().skip(1).find_map(|row| {
+        let timer = table.lines().skip(1).find_map(|row| {
             let fields: Vec<&str> = row.split_whitespace().collect();
             let port = |addr: &str| {
                 addr.rsplit_once(':')
@@ -278,15 +290,18 @@ async fn client_connections_have_a_tcp_keepalive() {
             };
             (port(fields[1]) == Some(host_port) && port(fields[2]) == Some(client_port))
                 .then(|| fields[5].to_owned())
-        })
+        })?;
+        *last_seen.lock().expect("lock") = timer.clone();
+        timer.starts_with("02:").then_some(timer)
     })
-    .await
-    .expect("the host's side of the connection in /proc/net/tcp");
-    let (kind, when) = host_side.split_once(':').expect("tr:when");
-    assert_eq!(
-        kind, "02",
-        "no keepalive timer on the host's side: {host_side}"
-    );
+    .await;
+    let host_side = host_side.unwrap_or_else(|| {
+        panic!(
+            "no keepalive timer on the host's side: {}",
+            last_seen.lock().expect("lock")
+        )
+    });
+    let (_, when) = host_side.split_once(':').expect("tr:when");
     let ticks = u64::from_str_radix(when, 16).expect("hex ticks");
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()

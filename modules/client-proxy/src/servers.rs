@@ -432,7 +432,7 @@ async fn wait_listening(server: &SpecificServer) -> Result<(), String> {
 
 /// How long a server's own listener is looked for when only another
 /// process's is seen on its port.
-const OWN_LISTENER_WAIT: Duration = Duration::from_secs(1);
+const OWN_LISTENER_WAIT: Duration = Duration::from_secs(3);
 
 /// Whether the server of process group `group`, which answers on `port`,
 /// shares the port with another process's listener. When only another's

@@ -21,12 +21,17 @@ use http_body::{Body as _, Frame};
 use http_body_util::BodyExt;
 use tokio::net::TcpStream;
 use tonic::body::Body;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::servers::MAX_FRAME_BYTES;
 
 /// The longest wait for the TCP connection and the HTTP/2 handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pings on the connection, as Ray's own channels send them (its servers
+/// accept one every 30 s)...
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// ...each to be answered within this.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Why a call could not be sent.
 #[derive(Debug, thiserror::Error)]
@@ -140,9 +145,34 @@ impl DriverChannel {
                 ))
             })??;
         let addr = self.addr;
+        let mut connection = connection;
+        let pings = connection.ping_pong();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                debug!(%addr, error = %e, "driver connection ended");
+            // A server that stops answering pings is hung: dropping the
+            // connection fails its calls (UNAVAILABLE to the client) rather
+            // than leaving them waiting for ever.
+            let hung = async {
+                let Some(mut pings) = pings else {
+                    return std::future::pending().await;
+                };
+                loop {
+                    tokio::time::sleep(KEEPALIVE_INTERVAL).await;
+                    match tokio::time::timeout(KEEPALIVE_TIMEOUT, pings.ping(h2::Ping::opaque()))
+                        .await
+                    {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return e.to_string(),
+                        Err(_) => {
+                            return format!("no answer to a ping within {KEEPALIVE_TIMEOUT:?}")
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                ended = &mut connection => if let Err(e) = ended {
+                    debug!(%addr, error = %e, "driver connection ended");
+                },
+                why = hung => warn!(%addr, why, "Ray client server not answering; dropping its driver connection"),
             }
         });
         Ok(sender)

@@ -69,6 +69,7 @@ struct Setup {
     gcs: Option<String>,
     env: Vec<(String, String)>,
     server_command: Option<Vec<String>>,
+    args: Vec<String>,
 }
 
 fn setup(ports: String) -> Setup {
@@ -78,10 +79,17 @@ fn setup(ports: String) -> Setup {
         gcs: None,
         env: vec![],
         server_command: None,
+        args: vec![],
     }
 }
 
 impl Setup {
+    /// One more argument for the proxy module.
+    fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
     fn spare(mut self) -> Self {
         self.warm_spare = true;
         self
@@ -128,6 +136,7 @@ impl Setup {
         if let Some(gcs) = &self.gcs {
             command.extend(["--gcs-address", gcs.as_str()]);
         }
+        command.extend(self.args.iter().map(String::as_str));
         let mut module = command_module(MODULE, &command).routes(&[(
             "GET",
             "/api/client_proxy/clients",
@@ -1221,40 +1230,79 @@ impl tower::Service<http::Request<tonic::body::Body>> for Recording {
     }
 }
 
-/// Passes every connection to `listener` on to `to` until aborted; the
-/// abort drops them all at once, as a server's death does.
+/// Passes every connection to `listener` on to `to`. Aborting the task
+/// drops them all at once, as a server's death does; setting `frozen`
+/// stops every byte while the connections stay open, as a hung server
+/// does.
 fn relay(
     listener: tokio::net::TcpListener,
     to: std::net::SocketAddr,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
 ) -> tokio::task::JoinHandle<()> {
+    async fn pass(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        frozen: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 64 << 10];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                // Hung: hold both ends, pass nothing more.
+                std::future::pending::<()>().await;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    }
     tokio::spawn(async move {
         let mut links = tokio::task::JoinSet::new();
-        while let Ok((mut inbound, _)) = listener.accept().await {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let frozen = frozen.clone();
             links.spawn(async move {
-                if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                if let Ok(outbound) = tokio::net::TcpStream::connect(to).await {
+                    let (in_read, in_write) = inbound.into_split();
+                    let (out_read, out_write) = outbound.into_split();
+                    tokio::join!(
+                        pass(in_read, out_write, frozen.clone()),
+                        pass(out_read, in_write, frozen)
+                    );
                 }
             });
         }
     })
 }
 
-/// The metadata and request bytes of driver calls reach the server as the
-/// client sent them and its answer metadata comes back; a `GetObject`
-/// whose server dies mid-answer ends with UNAVAILABLE naming the server's
-/// port, not a hang.
-#[tokio::test]
-async fn driver_calls_pass_through_and_a_server_death_mid_answer_is_unavailable() {
-    // The "server" process only says which port it was given; the test
-    // serves that port itself, through a relay it can cut.
+/// A proxy (with `args`) whose client `id` got the test's own `Controlled`
+/// server in place of a server process: the process the proxy starts only
+/// says its port, and the test serves that port through a [`relay`].
+struct ControlledSetup {
+    d: Dashd,
+    controlled: Controlled,
+    server_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    server_port: u16,
+    link: tokio::task::JoinHandle<()>,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+    client_channel: Channel,
+    _client: TestClient,
+    _dir: tempfile::TempDir,
+}
+
+async fn controlled_setup(ports: String, id: &str, args: &[&str]) -> ControlledSetup {
     let dir = tempfile::tempdir().expect("temp dir");
     let marker = dir.path().join("port");
     let marker_arg = marker.display().to_string();
     let script = r#"for a; do case "$a" in --port=*) echo "${a#--port=}" > "$0.new" && mv "$0.new" "$0";; esac; done; exec sleep 600"#;
-    let (d, port) = setup(port_block(11, 10))
-        .server_command(&["/bin/sh", "-c", script, &marker_arg])
-        .start()
-        .await;
+    let mut proxy = setup(ports).server_command(&["/bin/sh", "-c", script, &marker_arg]);
+    for arg in args {
+        proxy = proxy.arg(arg);
+    }
+    let (d, port) = proxy.start().await;
 
     let controlled = Controlled::default();
     let inner = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -1272,7 +1320,8 @@ async fn driver_calls_pass_through_and_a_server_death_mid_answer_is_unavailable(
     );
 
     let client_channel = channel(port).await;
-    let connecting = tokio::spawn(async move { TestClient::connect(port, "mortal", 30).await });
+    let owned_id = id.to_owned();
+    let connecting = tokio::spawn(async move { TestClient::connect(port, &owned_id, 30).await });
     let server_port: u16 = eventually(WAIT, || async {
         std::fs::read_to_string(&marker)
             .ok()
@@ -1283,8 +1332,60 @@ async fn driver_calls_pass_through_and_a_server_death_mid_answer_is_unavailable(
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", server_port))
         .await
         .expect("bind the server's port");
-    let link = relay(listener, inner_addr);
-    let _client = connecting.await.expect("client connects");
+    let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let link = relay(listener, inner_addr, frozen.clone());
+    let client = connecting.await.expect("client connects");
+    ControlledSetup {
+        d,
+        controlled,
+        server_task,
+        server_port,
+        link,
+        frozen,
+        client_channel,
+        _client: client,
+        _dir: dir,
+    }
+}
+
+/// A `GetObject` for `id` whose first chunk has arrived.
+async fn half_answered_get(channel: &Channel, id: &str) -> Streaming<GetResponse> {
+    let mut chunks = RayletDriverClient::new(channel.clone())
+        .max_decoding_message_size(usize::MAX)
+        .get_object(with_id(
+            GetRequest {
+                ids: vec![vec![1]],
+                ..Default::default()
+            },
+            id,
+        ))
+        .await
+        .expect("GetObject answered")
+        .into_inner();
+    let first = tokio::time::timeout(WAIT, chunks.message())
+        .await
+        .expect("first chunk in time")
+        .expect("first chunk")
+        .expect("a chunk");
+    assert_eq!(first.data.len(), 1 << 20);
+    chunks
+}
+
+/// The metadata and request bytes of driver calls reach the server as the
+/// client sent them and its answer metadata comes back; a `GetObject`
+/// whose server dies mid-answer ends with UNAVAILABLE naming the server's
+/// port, not a hang.
+#[tokio::test]
+async fn driver_calls_pass_through_and_a_server_death_mid_answer_is_unavailable() {
+    let ControlledSetup {
+        d,
+        controlled,
+        server_task,
+        server_port,
+        link,
+        client_channel,
+        ..
+    } = controlled_setup(port_block(11, 10), "mortal", &[]).await;
 
     // A unary call that goes through untouched, metadata both ways.
     let put = KvPutRequest {
@@ -1359,24 +1460,7 @@ async fn driver_calls_pass_through_and_a_server_death_mid_answer_is_unavailable(
     assert!(body[PREFIX..] == message[..], "request bytes changed");
 
     // The server dies while a GetObject answer is half sent.
-    let mut chunks = RayletDriverClient::new(client_channel.clone())
-        .max_decoding_message_size(usize::MAX)
-        .get_object(with_id(
-            GetRequest {
-                ids: vec![vec![1]],
-                ..Default::default()
-            },
-            "mortal",
-        ))
-        .await
-        .expect("GetObject answered")
-        .into_inner();
-    let first = tokio::time::timeout(WAIT, chunks.message())
-        .await
-        .expect("first chunk in time")
-        .expect("first chunk")
-        .expect("a chunk");
-    assert_eq!(first.data.len(), 1 << 20);
+    let mut chunks = half_answered_get(&client_channel, "mortal").await;
     let server_pid = entry(&d, "mortal").await.expect("listed")["server_pid"]
         .as_u64()
         .expect("server pid");
@@ -1392,4 +1476,28 @@ async fn driver_calls_pass_through_and_a_server_death_mid_answer_is_unavailable(
         "the status names the server: {status:?}"
     );
     server_task.abort();
+}
+
+/// A server that hangs in the middle of a `GetObject` answer (its
+/// connection open, nothing answered, pings included) is found out by the
+/// proxy's pings: the call ends with UNAVAILABLE naming the server rather
+/// than waiting for ever.
+#[tokio::test]
+async fn a_hung_server_fails_its_calls_with_unavailable() {
+    let setup = controlled_setup(port_block(14, 10), "stuck", &["--server-ping", "1s"]).await;
+    let mut chunks = half_answered_get(&setup.client_channel, "stuck").await;
+    setup
+        .frozen
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let ended = tokio::time::timeout(WAIT, chunks.message())
+        .await
+        .expect("the answer ends, not hangs");
+    let status = ended.expect_err("a hung answer is an error");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains(&setup.server_port.to_string()),
+        "the status names the server: {status:?}"
+    );
+    setup.link.abort();
+    setup.server_task.abort();
 }

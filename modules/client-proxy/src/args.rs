@@ -46,6 +46,11 @@ pub struct Args {
     /// Longest wait for a client's server, its runtime env included.
     #[arg(long, default_value = "600s", value_parser = humantime::parse_duration)]
     pub server_wait: Duration,
+    /// How often the connection of a server's `RayletDriver` calls is
+    /// pinged; a server that leaves a ping unanswered for as long (at most
+    /// 20 s) is taken as hung and its calls fail.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub server_ping: Duration,
     /// Where the servers' `ray_client_server_<port>.out/.err` go; default
     /// `<session>/logs`.
     #[arg(long)]

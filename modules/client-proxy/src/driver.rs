@@ -27,11 +27,9 @@ use crate::servers::MAX_FRAME_BYTES;
 
 /// The longest wait for the TCP connection and the HTTP/2 handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Pings on the connection, as Ray's own channels send them (its servers
-/// accept one every 30 s)...
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-/// ...each to be answered within this.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// The longest a ping may go unanswered (Ray's channels send one every
+/// 30 s, which its servers accept).
+const MAX_PING_WAIT: Duration = Duration::from_secs(20);
 
 /// Why a call could not be sent.
 #[derive(Debug, thiserror::Error)]
@@ -52,14 +50,18 @@ pub enum DriverError {
 #[derive(Debug)]
 pub struct DriverChannel {
     addr: SocketAddr,
+    /// How often the connection is pinged.
+    ping: Duration,
     sender: Mutex<Option<SendRequest<Bytes>>>,
 }
 
 impl DriverChannel {
-    /// A channel to `127.0.0.1:port`; nothing is connected yet.
-    pub fn new(port: u16) -> DriverChannel {
+    /// A channel to `127.0.0.1:port`, its connection pinged every `ping`;
+    /// nothing is connected yet.
+    pub fn new(port: u16, ping: Duration) -> DriverChannel {
         DriverChannel {
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            ping,
             sender: Mutex::new(None),
         }
     }
@@ -147,6 +149,7 @@ impl DriverChannel {
         let addr = self.addr;
         let mut connection = connection;
         let pings = connection.ping_pong();
+        let (interval, patience) = (self.ping, self.ping.min(MAX_PING_WAIT));
         tokio::spawn(async move {
             // A server that stops answering pings is hung: dropping the
             // connection fails its calls (UNAVAILABLE to the client) rather
@@ -156,15 +159,11 @@ impl DriverChannel {
                     return std::future::pending().await;
                 };
                 loop {
-                    tokio::time::sleep(KEEPALIVE_INTERVAL).await;
-                    match tokio::time::timeout(KEEPALIVE_TIMEOUT, pings.ping(h2::Ping::opaque()))
-                        .await
-                    {
+                    tokio::time::sleep(interval).await;
+                    match tokio::time::timeout(patience, pings.ping(h2::Ping::opaque())).await {
                         Ok(Ok(_)) => {}
                         Ok(Err(e)) => return e.to_string(),
-                        Err(_) => {
-                            return format!("no answer to a ping within {KEEPALIVE_TIMEOUT:?}")
-                        }
+                        Err(_) => return format!("no answer to a ping within {patience:?}"),
                     }
                 }
             };

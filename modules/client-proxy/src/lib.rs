@@ -106,6 +106,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             log_dir,
             ready_timeout: args.server_ready_timeout,
             stop_grace: Duration::from_secs(2),
+            ping: args.server_ping,
         },
         Arc::new(PortPool::new(args.port_range.clone())),
         pid_file,

@@ -41,6 +41,8 @@ pub struct ServerCommand {
     pub ready_timeout: Duration,
     /// SIGTERM, then SIGKILL after this.
     pub stop_grace: Duration,
+    /// How often a server's driver connection is pinged.
+    pub ping: Duration,
 }
 
 /// Why a server could not be had.
@@ -325,7 +327,7 @@ impl Launcher {
             origin: format!("http://127.0.0.1:{port}")
                 .parse()
                 .expect("UNWRAP: loopback URI is valid"),
-            driver: DriverChannel::new(port),
+            driver: DriverChannel::new(port, self.command.ping),
             exit: exit_rx,
             stop_grace: self.command.stop_grace,
         });

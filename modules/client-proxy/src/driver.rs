@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tonic::body::Body;
 use tracing::{debug, warn};
 
-use crate::servers::MAX_FRAME_BYTES;
+use crate::servers::{CONNECTION_WINDOW_BYTES, MAX_FRAME_BYTES, STREAM_WINDOW_BYTES};
 
 /// The longest wait for the TCP connection and the HTTP/2 handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -131,8 +131,8 @@ impl DriverChannel {
                 .map_err(DriverError::Connect)?;
             tcp.set_nodelay(true).map_err(DriverError::Connect)?;
             let (sender, connection) = h2::client::Builder::new()
-                .initial_window_size(8 << 20)
-                .initial_connection_window_size(32 << 20)
+                .initial_window_size(STREAM_WINDOW_BYTES)
+                .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
                 .max_frame_size(MAX_FRAME_BYTES)
                 .handshake::<_, Bytes>(tcp)
                 .await?;

@@ -111,9 +111,7 @@ fn each_listener(family: i32, mut each: impl FnMut(u16, u32)) -> io::Result<()> 
 
 /// The process group of `pid` (field 5 of its stat).
 fn process_group(pid: u32) -> Option<u32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after_name = stat.rsplit_once(')')?.1;
-    after_name.split_whitespace().nth(2)?.parse().ok()
+    crate::servers::stat_field(pid, 5)?.try_into().ok()
 }
 
 /// The socket inodes among the open files of `pid`.

@@ -228,6 +228,12 @@ pub const IDLE_EXIT_ENV: &str = "TIMEOUT_FOR_SPECIFIC_SERVER_S";
 /// A spare's value of it: ten years.
 const SPARE_IDLE_CHECKS: &str = "315360000";
 
+/// The HTTP/2 flow-control windows the proxy opens, on both of its sides,
+/// per stream and per connection: an object chunk (5 MiB) in flight at once.
+pub const STREAM_WINDOW_BYTES: u32 = 8 << 20;
+/// See [`STREAM_WINDOW_BYTES`].
+pub const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
+
 /// The largest HTTP/2 frame the proxy accepts, on both sides. gRPC's core
 /// sends frames up to what its peer allows, and h2 reads a frame in as many
 /// reads as its buffer takes: with HTTP/2's default of 16 KiB an object
@@ -242,8 +248,8 @@ fn h2_client() -> H2Client {
         .http2_only(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .http2_keep_alive_while_idle(true)
-        .http2_initial_stream_window_size(8 << 20)
-        .http2_initial_connection_window_size(32 << 20)
+        .http2_initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .http2_initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .http2_max_frame_size(MAX_FRAME_BYTES)
         .timer(hyper_util::rt::TokioTimer::new())
         .build(connector)
@@ -581,13 +587,21 @@ impl PidFile {
     }
 }
 
-/// The start time of `pid` in clock ticks since boot (field 22 of
-/// `/proc/<pid>/stat`), if it runs.
+/// The start time of `pid` in clock ticks since boot, if it runs.
 fn start_time(pid: u32) -> Option<u64> {
+    stat_field(pid, 22)
+}
+
+/// Field `number` (counted from 1, as proc(5) does) of `/proc/<pid>/stat`,
+/// one of the numeric fields after the command name.
+pub(crate) fn stat_field(pid: u32, number: usize) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces; the fields after it do not.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    // The command name (field 2) may hold spaces; the fields after it do not.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace()
+        .nth(number.checked_sub(3)?)?
+        .parse()
+        .ok()
 }
 
 /// Checks that `dir` exists and can take log files.

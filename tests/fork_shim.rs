@@ -302,23 +302,20 @@ async fn the_zygote_writes_its_apps_report_before_it_is_ready() {
     let dir = tempfile::tempdir().expect("tempdir");
     let report = dir.path().join("report.json");
     let report_arg = report.display().to_string();
+    // The zygote writing its report to `report`, with `more` arguments.
+    let zygote = |more: &[&str]| {
+        let mut argv = vec![py.as_str(), ZYGOTE, "--app", APP, "--report", &report_arg];
+        argv.extend_from_slice(more);
+        command_module("Z", &argv)
+    };
     let d = dashd()
-        .module(command_module(
-            "Z",
-            &[
-                &py,
-                ZYGOTE,
-                "--app",
-                APP,
-                "--report",
-                &report_arg,
-                "--report-arg",
-                "--omit",
-                "--report-arg",
-                "/x y",
-                "alpha",
-            ],
-        ))
+        .module(zygote(&[
+            "--report-arg",
+            "--omit",
+            "--report-arg",
+            "/x y",
+            "alpha",
+        ]))
         .start();
     d.healthy("Z", 0).await;
     let text = std::fs::read_to_string(&report).expect("the report is there once Z is ready");
@@ -334,21 +331,7 @@ async fn the_zygote_writes_its_apps_report_before_it_is_ready() {
     assert_eq!(mode & 0o777, 0o600, "{mode:o}");
 
     // A report that fails is the zygote's failure, named in its log.
-    let failing = dashd()
-        .module(command_module(
-            "Z",
-            &[
-                &py,
-                ZYGOTE,
-                "--app",
-                APP,
-                "--report",
-                &report_arg,
-                "--report-arg",
-                "fail",
-            ],
-        ))
-        .start();
+    let failing = dashd().module(zygote(&["--report-arg", "fail"])).start();
     let logged = eventually(GONE, || async {
         let err = std::fs::read_to_string(failing.session().join("logs/dashboard_Z.err")).ok()?;
         err.contains("asked to fail").then_some(err)

@@ -174,6 +174,24 @@ impl RayHead {
         self.temp.path().join("session_latest")
     }
 
+    /// `ray job submit --no-wait` of `python -c script` through `address`;
+    /// the submission id.
+    fn submit_no_wait(&self, address: &str, script: &str) -> String {
+        let submitted = self.cli(&[
+            "job",
+            "submit",
+            "--no-wait",
+            "--address",
+            address,
+            "--",
+            "python",
+            "-c",
+            script,
+        ]);
+        assert!(submitted.status.success(), "{}", text(&submitted));
+        submission_id(&submitted)
+    }
+
     /// Runs Ray's CLI with `args`, bounded by [`RAY_WAIT`].
     fn cli(&self, args: &[&str]) -> Output {
         let mut command = Command::new(self.bin.join("ray"));
@@ -455,19 +473,10 @@ async fn ray_cli_works_through_ray_dashd() {
 
     // `ray job logs --follow` tails a running job over the websocket route
     // and ends when the job does.
-    let started = head.cli(&[
-        "job",
-        "submit",
-        "--no-wait",
-        "--address",
+    let running = head.submit_no_wait(
         &address,
-        "--",
-        "python",
-        "-c",
         "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(1)",
-    ]);
-    assert!(started.status.success(), "{}", text(&started));
-    let running = submission_id(&started);
+    );
     let followed = head.cli(&["job", "logs", "--address", &address, "--follow", &running]);
     assert!(followed.status.success(), "{}", text(&followed));
     for i in 0..4 {
@@ -519,19 +528,7 @@ async fn ray_cli_works_through_ray_dashd() {
         "{}",
         text(&status)
     );
-    let long = head.cli(&[
-        "job",
-        "submit",
-        "--no-wait",
-        "--address",
-        &address,
-        "--",
-        "python",
-        "-c",
-        "import time; time.sleep(120)",
-    ]);
-    assert!(long.status.success(), "{}", text(&long));
-    let long = submission_id(&long);
+    let long = head.submit_no_wait(&address, "import time; time.sleep(120)");
     let stopped = head.cli(&["job", "stop", "--address", &address, &long]);
     assert!(stopped.status.success(), "{}", text(&stopped));
     let is_stopped = eventually(RAY_WAIT, || async {

@@ -429,6 +429,10 @@ async fn oversized_request_head_is_refused() {
     );
     let response = raw_exchange(d.addr(), request.as_bytes());
     assert!(response.starts_with("HTTP/1.1 431"), "{response}");
+    assert!(
+        response.contains("the limit is 16384 (server.max_header_bytes)"),
+        "{response}"
+    );
     let fine = client()
         .get(d.url("/test/echo"))
         .header("x-small", "a".repeat(4 * 1024))

@@ -7,7 +7,20 @@
 //! whole pool goes when the incarnation does. (hyper-util's general client
 //! hashes a pool key and hops through a dispatch future on every request;
 //! measured on the proxy path, this is cheaper.)
+//!
+//! A connection has no task of its own. Its hyper connection future is
+//! polled by whoever is using it: the request waiting for its response
+//! head, then the response body as the client's connection pulls it. So a
+//! request and its answer cross no task boundary: the task that reads the
+//! client's request writes it to the module, and the same task, woken by
+//! the module's socket, reads the answer and writes it to the client. (With
+//! a task per module connection every exchange took two more trips through
+//! the runtime's queue, which under load is what widened the latency tail.)
+//! An idle connection is polled by nobody; the few cases that need one to
+//! run on its own (a 101's upgrade, an upload the module answered before
+//! reading) get a task then.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -53,7 +66,61 @@ pub struct ModulePool {
 #[derive(Debug)]
 struct Inner {
     socket: PathBuf,
-    idle: Mutex<Vec<SendRequest<Body>>>,
+    idle: Mutex<Vec<Conn>>,
+}
+
+/// hyper's future that reads and writes one module connection.
+type Driver = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
+
+/// One connection: the handle that sends on it and the future that runs it,
+/// polled by the connection's current user.
+struct Conn {
+    sender: SendRequest<Body>,
+    /// `None` once the connection has ended.
+    driver: Option<Driver>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("ended", &self.driver.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Conn {
+    /// Lets the connection read and write what it can. Once it has ended
+    /// (the module closed it, or it failed), it is never polled again.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        if let Some(driver) = self.driver.as_mut() {
+            if let Poll::Ready(ended) = driver.as_mut().poll(cx) {
+                if let Err(e) = ended {
+                    debug!(error = %e, "module connection ended with an error");
+                }
+                self.driver = None;
+            }
+        }
+    }
+
+    /// Whether a new request can go on the connection now.
+    fn ready(&mut self, cx: &mut Context<'_>) -> bool {
+        self.drive(cx);
+        self.driver.is_some() && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
+    }
+
+    /// Hands the connection to a task of its own, to finish whatever it
+    /// still has to do (an upgrade, an upload) without its user.
+    fn run_alone(self) {
+        if let Some(driver) = self.driver {
+            // Without the sender, hyper closes the connection once idle.
+            drop(self.sender);
+            tokio::spawn(async move {
+                if let Err(e) = driver.await {
+                    debug!(error = %e, "module connection ended with an error");
+                }
+            });
+        }
+    }
 }
 
 impl ModulePool {
@@ -75,12 +142,20 @@ impl ModulePool {
         mut request: Request<Body>,
     ) -> Result<Response<PooledBody>, PoolError> {
         loop {
-            let (mut sender, reused) = match self.checkout().await {
-                Some(sender) => (sender, true),
+            let (mut conn, reused) = match self.checkout().await {
+                Some(conn) => (conn, true),
                 None => (self.connect().await?, false),
             };
-            match sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.attach(response, sender)),
+            let mut answer = std::pin::pin!(conn.sender.try_send_request(request));
+            let answered = std::future::poll_fn(|cx| {
+                // The connection first, so that the request is written (and
+                // the answer read) in this same poll.
+                conn.drive(cx);
+                answer.as_mut().poll(cx)
+            })
+            .await;
+            match answered {
+                Ok(response) => return Ok(self.attach(response, conn)),
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if reused => request = unsent,
                     _ => return Err(PoolError::Http(e.into_error())),
@@ -89,30 +164,24 @@ impl ModulePool {
         }
     }
 
-    /// An idle connection that is ready now. A connection goes back to the
-    /// pool when its response has ended, which can be before its request
-    /// has: a module may answer before it has read an upload. Such a
-    /// connection, like one the module closed, is not ready, and it is let
-    /// go rather than waited on, so that no request waits for another's
-    /// upload.
-    async fn checkout(&self) -> Option<SendRequest<Body>> {
+    /// An idle connection that is ready now. One the module closed while it
+    /// sat here is seen ending when it is polled now, and is let go.
+    async fn checkout(&self) -> Option<Conn> {
         loop {
-            let mut sender = self
+            let mut conn = self
                 .inner
                 .idle
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .pop()?;
-            let ready = std::future::poll_fn(|cx| Poll::Ready(sender.poll_ready(cx))).await;
-            match ready {
-                Poll::Ready(Ok(())) => return Some(sender),
-                Poll::Ready(Err(_)) => {}
-                Poll::Pending => debug!("pooled connection still busy; not reused"),
+            if std::future::poll_fn(|cx| Poll::Ready(conn.ready(cx))).await {
+                return Some(conn);
             }
+            debug!("pooled connection closed or busy; not reused");
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<Body>, PoolError> {
+    async fn connect(&self) -> Result<Conn, PoolError> {
         let stream = ModuleStream::connect(&self.inner.socket)
             .await
             .map_err(|source| PoolError::Connect {
@@ -122,57 +191,72 @@ impl ModulePool {
         let (sender, connection) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.with_upgrades().await {
-                debug!(error = %e, "module connection ended with an error");
-            }
-        });
-        Ok(sender)
-    }
-
-    /// Ties `sender` to `response`'s body: it returns to the pool when the
-    /// body ends, and is closed if the body is dropped before.
-    fn attach(
-        &self,
-        response: Response<Incoming>,
-        sender: SendRequest<Body>,
-    ) -> Response<PooledBody> {
-        // After a 101 the connection belongs to the upgrade.
-        let keep = response.status() != StatusCode::SWITCHING_PROTOCOLS;
-        let mut sender = keep.then_some(sender);
-        if response.body().is_end_stream() {
-            if let Some(sender) = sender.take() {
-                release(&self.inner, sender);
-            }
-        }
-        let pool = Arc::downgrade(&self.inner);
-        response.map(|inner| PooledBody {
-            inner,
+        Ok(Conn {
             sender,
-            pool,
+            driver: Some(Box::pin(connection.with_upgrades())),
         })
     }
-}
 
-fn release(inner: &Inner, sender: SendRequest<Body>) {
-    let mut idle = inner.idle.lock().unwrap_or_else(|e| e.into_inner());
-    if idle.len() < MAX_IDLE {
-        idle.push(sender);
+    /// Ties `conn` to `response`'s body: it returns to the pool when the
+    /// body ends, and is closed if the body is dropped before.
+    fn attach(&self, response: Response<Incoming>, conn: Conn) -> Response<PooledBody> {
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // The connection now belongs to the upgrade, which hyper
+            // completes in the connection future: it runs on its own.
+            conn.run_alone();
+            let pool = Arc::downgrade(&self.inner);
+            return response.map(|inner| PooledBody {
+                inner,
+                conn: None,
+                pool,
+            });
+        }
+        let (parts, inner) = response.into_parts();
+        let mut body = PooledBody {
+            inner,
+            conn: Some(conn),
+            pool: Arc::downgrade(&self.inner),
+        };
+        if body.inner.is_end_stream() {
+            // Nothing more to read: the connection can go back now, once
+            // it has seen its exchange through.
+            let waker = std::task::Waker::noop();
+            body.release(&mut Context::from_waker(waker));
+        }
+        Response::from_parts(parts, body)
     }
 }
 
-/// A module's response body that gives its connection back when it ends.
+fn release(inner: &Inner, conn: Conn) {
+    let mut idle = inner.idle.lock().unwrap_or_else(|e| e.into_inner());
+    if idle.len() < MAX_IDLE {
+        idle.push(conn);
+    }
+}
+
+/// A module's response body. Polling it runs its connection; the
+/// connection goes back to the pool when the body ends.
 #[derive(Debug)]
 pub(crate) struct PooledBody {
     inner: Incoming,
-    sender: Option<SendRequest<Body>>,
+    conn: Option<Conn>,
     pool: Weak<Inner>,
 }
 
 impl PooledBody {
-    fn release(&mut self) {
-        if let (Some(sender), Some(pool)) = (self.sender.take(), self.pool.upgrade()) {
-            release(&pool, sender);
+    /// The body has ended: the connection goes back to the pool if it can
+    /// take a new request now. One still sending its request (the module
+    /// answered before reading it all) finishes that on its own and closes.
+    fn release(&mut self, cx: &mut Context<'_>) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        if conn.ready(cx) {
+            if let Some(pool) = self.pool.upgrade() {
+                release(&pool, conn);
+            }
+        } else {
+            conn.run_alone();
         }
     }
 }
@@ -185,10 +269,13 @@ impl http_body::Body for PooledBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.drive(cx);
+        }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(None) => self.release(),
-            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.release(),
+            Poll::Ready(None) => self.release(cx),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.release(cx),
             _ => {}
         }
         polled
@@ -274,6 +361,36 @@ mod tests {
             assert_eq!(get(&pool).await, "ok");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn reuses_a_connection_whose_response_had_no_body() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.expect("accept");
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(|_req| async {
+                        let mut response = Response::new(http_body_util::Empty::<Bytes>::new());
+                        *response.status_mut() = StatusCode::NO_CONTENT;
+                        Ok::<_, std::convert::Infallible>(response)
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        let pool = ModulePool::new(path);
+        for _ in 0..5 {
+            assert_eq!(get(&pool).await, "");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]

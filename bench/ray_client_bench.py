@@ -253,7 +253,8 @@ def main():
         "--client-timeout", type=float, default=float(os.environ.get("BENCH_RAY_CLIENT_TIMEOUT", 20))
     )
     parser.add_argument("--skip", default=os.environ.get("BENCH_RAY_SKIP", ""),
-                        help="comma-separated parts to skip: sessions, connects, hops, clients")
+                        help="comma-separated parts to skip: sessions, connects, hops, clients, "
+                             "relay (the bare-relay sessions)")
     args = parser.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     os.makedirs(args.results_dir, exist_ok=True)
@@ -321,6 +322,7 @@ def run(args, skip, tmp, record):
     rays_port = head + 3  # Ray's proxier (ray start --ray-client-server-port)
     ours_port, cold_port, dashd_port = head + 8, head + 9, head + 10
     direct_ports = iter(range(head + 20, head + 50))
+    relay_port = head + 15  # the bare relay in front of a direct server
     ours_servers = free_block(100, 24000, 32000)
     cold_servers = free_block(100, 24000, 32000, skip=[(ours_servers, ours_servers + 100)])
     n_fake = args.max_clients + 50
@@ -485,11 +487,22 @@ command = ["{proxy_bin}", "--ray-client-port", "{cold_port}", "--gcs-address", "
         group.stop(grace_s=5)
         log(f"warm-up session: {summary(result)}")
 
+    def start_relay(port):
+        # No HTTP/2 in it: the floor of any proxy hop (bench/README.md).
+        group = start(f"bare relay to {port}",
+                      [loadgen, "tcp-relay", "--listen", f"127.0.0.1:{relay_port}",
+                       "--to", f"tcp:127.0.0.1:{port}"],
+                      env, os.path.join(tmp, f"relay_{port}.log"))
+        wait_for("the bare relay",
+                 lambda: tcp_open(relay_port) or (not group.alive() and _raise(f"relay exited; see {group.log_path}")),
+                 30, 0.05)
+        return group
+
     # 3. Sessions, interleaved.
     if "sessions" not in skip:
-        order = ["ours", "rays", "direct"]
+        order = ["ours", "rays", "direct"] + ([] if "relay" in skip else ["relay"])
         for r in range(args.rounds):
-            for target in order[r % 3:] + order[:r % 3]:
+            for target in order[r % len(order):] + order[:r % len(order)]:
                 # A session whose server could not be started (Ray's proxier
                 # loses some spawns) is tried again, up to 3 times in all.
                 for attempt in range(1, 4):
@@ -501,6 +514,13 @@ command = ["{proxy_bin}", "--ray-client-port", "{cold_port}", "--gcs-address", "
                     elif target == "rays":
                         result = driver("rays", f"127.0.0.1:{rays_port}", "session",
                                         [*session_extra, "--proxy-pid", str(rays_proxier)])
+                    elif target == "relay":
+                        group, port = start_direct()
+                        relay = start_relay(port)
+                        result = driver("relay", f"127.0.0.1:{relay_port}", "session",
+                                        [*session_extra, "--proxy-pid", str(relay.pid)])
+                        relay.stop(grace_s=5)
+                        group.stop(grace_s=5)
                     else:
                         group, port = start_direct()
                         result = driver("direct", f"127.0.0.1:{port}", "session", session_extra)
@@ -665,7 +685,7 @@ def median(values):
 def report(raw_path, args):
     lines = [json.loads(l) for l in open(raw_path)]
     sessions = {t: [l["result"] for l in lines if l["kind"] == "session" and l["target"] == t
-                    and l["result"].get("ok")] for t in ("ours", "rays", "direct")}
+                    and l["result"].get("ok")] for t in ("ours", "rays", "direct", "relay")}
     connects = {t: [l["result"] for l in lines if l["kind"] == "connect" and l["target"] == t]
                 for t in ("ours", "ours_cold", "rays")}
     clients = {l["target"]: l["result"] for l in lines if l["kind"] == "clients"}
@@ -695,8 +715,8 @@ def report(raw_path, args):
     rtt90 = {t: sess(t, lambda r: r["rtt"]["p90_ms"]) for t in sessions}
     put = {t: sess(t, lambda r: statistics.median(r["put_mib_s"])) for t in sessions}
     get = {t: sess(t, lambda r: statistics.median(r["get_mib_s"])) for t in sessions}
-    cpu_rtt = {t: sess(t, lambda r: r.get("proxy_cpu_us_per_rtt")) for t in ("ours", "rays")}
-    sys_rtt = {t: sess(t, lambda r: r.get("proxy_sys_us_per_rtt")) for t in ("ours", "rays")}
+    cpu_rtt = {t: sess(t, lambda r: r.get("proxy_cpu_us_per_rtt")) for t in ("ours", "rays", "relay")}
+    sys_rtt = {t: sess(t, lambda r: r.get("proxy_sys_us_per_rtt")) for t in ("ours", "rays", "relay")}
     cpu_put = {t: sess(t, lambda r: r.get("proxy_cpu_ms_per_put")) for t in ("ours", "rays")}
     cpu_get = {t: sess(t, lambda r: r.get("proxy_cpu_ms_per_get")) for t in ("ours", "rays")}
     sess_connect = {t: sess(t, lambda r: r["connect_s"]) for t in sessions}
@@ -706,6 +726,7 @@ def report(raw_path, args):
     spare_used = sum(1 for r in connects["ours"] if r.get("spare_used"))
     added_us = (rtt["ours"] - rtt["direct"]) * 1000 if rtt["ours"] and rtt["direct"] else None
     added_rays_us = (rtt["rays"] - rtt["direct"]) * 1000 if rtt["rays"] and rtt["direct"] else None
+    added_relay_us = (rtt["relay"] - rtt["direct"]) * 1000 if rtt["relay"] and rtt["direct"] else None
     mib = args.object_mib
 
     def held(t):
@@ -806,7 +827,30 @@ def report(raw_path, args):
         f"(ours through ray-dashd, Ray's proxier from `ray start`, direct = a specific server started for the session)",
         "",
     ]
-    return "\n".join(header + rows + [""] + notes) + "\n"
+    floor = []
+    if sessions["relay"]:
+        gap_us = (rtt["ours"] - rtt["relay"]) * 1000 if rtt["ours"] and rtt["relay"] else None
+        floor = [
+            "",
+            "The floor of any proxy hop: a bare relay (`ray-dashd-bench tcp-relay`: bytes copied both ways, "
+            "no HTTP/2, so no routing and no per-client servers) in front of a server started as direct's, "
+            f"in the same rounds ({len(sessions['relay'])} sessions):",
+            "",
+            "| metric | ours (ray-dashd) | bare relay | direct | ours / relay |",
+            "|---|---:|---:|---:|---:|",
+            f"| task round trip, median | {fmt(rtt['ours'], ' ms', 3)} | {fmt(rtt['relay'], ' ms', 3)} "
+            f"| {fmt(rtt['direct'], ' ms', 3)} | {ratio(rtt['ours'], rtt['relay'])} |",
+            f"| added to the round trip (median − direct's) | {fmt(added_us, ' µs', 0)} "
+            f"| {fmt(added_relay_us, ' µs', 0)} | | ours − relay: {fmt(gap_us, ' µs', 0)} |",
+            f"| put {mib} MiB | {fmt(put['ours'], ' MiB/s', 1)} | {fmt(put['relay'], ' MiB/s', 1)} "
+            f"| {fmt(put['direct'], ' MiB/s', 1)} | {ratio(put['ours'], put['relay'])} |",
+            f"| get {mib} MiB | {fmt(get['ours'], ' MiB/s', 1)} | {fmt(get['relay'], ' MiB/s', 1)} "
+            f"| {fmt(get['direct'], ' MiB/s', 1)} | {ratio(get['ours'], get['relay'])} |",
+            f"| proxy CPU per task round trip (of it in the kernel) | {fmt(cpu_rtt['ours'], ' µs', 0)} "
+            f"({fmt(sys_rtt['ours'], ' µs', 0)}) | {fmt(cpu_rtt['relay'], ' µs', 0)} ({fmt(sys_rtt['relay'], ' µs', 0)}) "
+            f"| | {ratio(cpu_rtt['ours'], cpu_rtt['relay'])} |",
+        ]
+    return "\n".join(header + rows + floor + [""] + notes) + "\n"
 
 
 def cpu_model():

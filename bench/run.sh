@@ -25,6 +25,7 @@ STREAM_RUNS=${BENCH_STREAM_RUNS:-3}
 BACKEND=${BENCH_BACKEND:-aiohttp}        # aiohttp | rust
 NGINX_MODE=${BENCH_NGINX:-auto}          # auto (use or try to install) | off
 NGINX_WORKERS=${BENCH_NGINX_WORKERS:-auto}
+RELAY_MODE=${BENCH_RELAY:-on}            # on: a bare byte relay column (the floor of any proxy hop) | off
 BUILD=${BENCH_BUILD:-1}                  # 0: use the binaries already built
 PYTHON=${BENCH_PYTHON:-python3}
 ROUNDS=${BENCH_ROUNDS:-1}                # repeat every point this often (interleaved); the table shows medians
@@ -122,6 +123,7 @@ SESSION=$TMP/s
 SOCKET=$SESSION/sockets/dash_bench
 DASHD_PID=""
 NGINX_PID=""
+RELAY_PID=""
 
 alive() { # pid: running (a zombie, dead but not yet reaped, is not)
     local state
@@ -144,6 +146,7 @@ stop_pid() { # pid name: SIGTERM, then SIGKILL after ~10 s
 cleanup() {
     local status=$?
     stop_pid "$NGINX_PID" nginx
+    stop_pid "$RELAY_PID" tcp-relay
     stop_pid "$DASHD_PID" ray-dashd
     [[ -n "$DASHD_PID" ]] && wait "$DASHD_PID" 2>/dev/null || true
     if [[ $status -ne 0 && -d "$TMP" ]]; then
@@ -269,6 +272,27 @@ EOF
     fi
 fi
 
+# --- bare relay (optional) ------------------------------------------------------------
+# No HTTP in it: each connection is copied byte for byte to a connection of
+# its own on the backend's socket (ray-dashd-bench tcp-relay). It cannot
+# route, pool, limit or check health; it shows what one more process and one
+# more pair of sockets on the path cost on this machine, which no proxy avoids.
+RELAY_DESC="off (BENCH_RELAY=off)"
+if [[ "$RELAY_MODE" != off ]]; then
+    RELAY_PORT=$(free_port)
+    "$LOADGEN" tcp-relay --listen "127.0.0.1:$RELAY_PORT" --to "unix:$SOCKET" >"$TMP/relay.json" 2>"$TMP/relay.log" &
+    RELAY_PID=$!
+    if "$LOADGEN" wait-http --target "tcp:127.0.0.1:$RELAY_PORT" --path "$SMALL_PATH" --timeout 20 >/dev/null; then
+        RELAY_DESC="ray-dashd-bench tcp-relay (Tokio copy_bidirectional, 256 KiB buffers, current-thread runtime, one backend connection per client connection)"
+        log "bare relay pid $RELAY_PID on 127.0.0.1:$RELAY_PORT"
+    else
+        log "the bare relay did not start; see $TMP/relay.log; carrying on without it"
+        stop_pid "$RELAY_PID" tcp-relay
+        RELAY_PID=""
+        RELAY_DESC="failed to start"
+    fi
+fi
+
 # --- measurements -------------------------------------------------------------------
 RAW=$RESULTS_DIR/latest.jsonl
 : >"$RAW"
@@ -276,17 +300,20 @@ CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
 
 targets=(direct dashd)
 [[ -n "$NGINX_PID" ]] && targets+=(nginx)
+[[ -n "$RELAY_PID" ]] && targets+=(relay)
 target_addr() {
     case $1 in
         direct) echo "unix:$SOCKET" ;;
         dashd) echo "tcp:127.0.0.1:$DASHD_PORT" ;;
         nginx) echo "tcp:127.0.0.1:$NGINX_PORT" ;;
+        relay) echo "tcp:127.0.0.1:$RELAY_PORT" ;;
     esac
 }
 cpu_pids() {
     case $1 in
         dashd) echo "$DASHD_PID" ;;
         nginx) echo "$NGINX_PIDS" ;;
+        relay) echo "$RELAY_PID" ;;
     esac
 }
 # record KIND TARGET CONNS -- COMMAND...: runs a loadgen command and tags its JSON line.
@@ -348,6 +375,7 @@ if [[ "$THREADS" -le 1 ]]; then runtime="current-thread runtime"; else runtime="
     echo "- load: ray-dashd-bench ($runtime), $ROUNDS round(s) of every point, interleaved (medians shown), closed loop, HTTP/1.1 keep-alive, ${DURATION} s measured after ${WARMUP} s warm-up per point; stream: $((STREAM_BYTES / 1048576)) MiB × $STREAM_RUNS runs (best); websocket: 32-byte text, one outstanding per connection"
     echo "- ray-dashd: runtime threads ${DASHD_WORKERS:-1 (its default)}, log level ${RAY_DASHD_LOG:-${RUST_LOG:-info (default)}}${DASHD_ENV:+, extra environment: $DASHD_ENV}"
     echo "- nginx: $NGINX_DESC"
+    echo "- bare relay: $RELAY_DESC"
     echo "- direct = the backend's own Unix socket; proxy CPU = utime+stime of the proxy process(es) in the measured window ÷ requests; RSS = VmHWM (nginx: summed over master and workers)"
     echo
     "$LOADGEN" report --input "$RAW"

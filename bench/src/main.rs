@@ -32,6 +32,7 @@ mod ray_rtt;
 mod report;
 mod startup;
 mod stream;
+mod tcp_relay;
 mod ws;
 
 use std::process::ExitCode;
@@ -99,6 +100,9 @@ enum Command {
     /// Per-message cost of a Ray Client proxy hop, against fake servers:
     /// {datapath, unary, get_object: {median_us, p99_us, proxy_cpu_us_per_op}}.
     RayRtt(RayRttArgs),
+    /// A byte relay with no protocol (the floor of any proxy hop) from a
+    /// loopback TCP port to a target, until SIGTERM: {connections, ...}.
+    TcpRelay(TcpRelayArgs),
 }
 
 /// Where to send load, as `unix:/path/to.sock` or `tcp:127.0.0.1:PORT`.
@@ -335,6 +339,17 @@ struct RayRttArgs {
     kinds: Vec<String>,
 }
 
+#[derive(Debug, Args)]
+struct TcpRelayArgs {
+    /// The loopback address to accept connections on, `127.0.0.1:PORT`.
+    #[arg(long)]
+    listen: std::net::SocketAddr,
+    /// Where each connection is relayed: `unix:/path/to.sock` or
+    /// `tcp:127.0.0.1:PORT`.
+    #[arg(long)]
+    to: Target,
+}
+
 fn secs(value: f64, what: &str) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(value)
         .map_err(|_| anyhow::anyhow!("{what} must be a non-negative number of seconds"))
@@ -440,6 +455,7 @@ async fn run(command: Command) -> anyhow::Result<String> {
             })
             .await?
         }
+        Command::TcpRelay(a) => tcp_relay::run(a.listen, a.to).await?,
         Command::RayClients(a) => {
             anyhow::ensure!(
                 a.target.ip().is_loopback(),

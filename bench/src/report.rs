@@ -1,8 +1,9 @@
-//! The Markdown table of one run: each measurement of ray-dashd and nginx
-//! as a ratio to the backend measured directly, with the targets.
+//! The Markdown table of one run: each measurement of ray-dashd, nginx and
+//! the bare relay (`tcp-relay`, the floor of any proxy hop) as a ratio to
+//! the backend measured directly, with the targets.
 //!
 //! Input: one JSON object a line, as `run.sh` writes them:
-//! `{"kind": "http"|"stream"|"ws"|"rss"|"kill", "target": "direct"|"dashd"|"nginx",
+//! `{"kind": "http"|"stream"|"ws"|"rss"|"kill", "target": "direct"|"dashd"|"nginx"|"relay",
 //!   "conns": N, "round": R, "result": {...}}` where `result` is a subcommand's
 //! output. A measurement repeated over rounds is shown as its median.
 
@@ -24,7 +25,7 @@ pub(crate) struct ReportArgs {
 }
 
 /// The columns, in order.
-const TARGETS: [&str; 3] = ["direct", "dashd", "nginx"];
+const TARGETS: [&str; 4] = ["direct", "dashd", "nginx", "relay"];
 
 struct Results(Vec<Value>);
 
@@ -73,7 +74,7 @@ enum Goal {
 
 struct Row<'a> {
     metric: String,
-    values: [Option<f64>; 3],
+    values: [Option<f64>; 4],
     /// Whether the direct column has a meaning (it has no proxy CPU or RSS).
     ratios: bool,
     decimals: usize,
@@ -93,7 +94,7 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 }
 
 fn verdict(row: &Row<'_>) -> String {
-    let [direct, dashd, nginx] = row.values;
+    let [direct, dashd, nginx, _] = row.values;
     let met = match row.goal {
         Goal::None => return String::new(),
         Goal::RatioAtLeast(min) => ratio(dashd, direct).map(|r| r >= min),
@@ -127,6 +128,7 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
     }
     let r = Results(lines);
     let has_nginx = r.0.iter().any(|v| v["target"] == "nginx");
+    let has_relay = r.0.iter().any(|v| v["target"] == "relay");
     let mut http_conns: Vec<u64> =
         r.0.iter()
             .filter(|v| v["kind"] == "http")
@@ -278,6 +280,7 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
     let mut kill = per_target("kill", None, "ms_to_200");
     kill[0] = None;
     kill[2] = None;
+    kill[3] = None;
     rows.push(Row {
         metric: "SIGKILL module → first 200, ms".to_owned(),
         values: kill,
@@ -289,12 +292,13 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
 
     let mut out = String::new();
     out.push_str(
-        "| metric | direct | ray-dashd | ray-dashd/direct | nginx | nginx/direct | target (ray-dashd) |\n",
+        "| metric | direct | ray-dashd | ray-dashd/direct | nginx | nginx/direct | bare relay | relay/direct | target (ray-dashd) |\n",
     );
-    out.push_str("|---|---:|---:|---:|---:|---:|---|\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for row in &rows {
-        let [direct, dashd, nginx] = row.values;
+        let [direct, dashd, nginx, relay] = row.values;
         let nginx_missing = if has_nginx { "—" } else { "n/a" };
+        let relay_missing = if has_relay { "—" } else { "n/a" };
         let cells = [
             row.metric.clone(),
             fmt_value(direct, row.decimals, "—"),
@@ -307,6 +311,12 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
             fmt_value(nginx, row.decimals, nginx_missing),
             if row.ratios {
                 fmt_ratio(ratio(nginx, direct))
+            } else {
+                "—".to_owned()
+            },
+            fmt_value(relay, row.decimals, relay_missing),
+            if row.ratios {
+                fmt_ratio(ratio(relay, direct))
             } else {
                 "—".to_owned()
             },

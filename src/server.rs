@@ -488,6 +488,17 @@ mod tests {
     }
 
     #[test]
+    fn head_bytes_counts_the_head_as_sent() {
+        let head = "GET /api/jobs/?limit=5 HTTP/1.1\r\nhost: x\r\nx-long: abcdef\r\n\r\n";
+        let parsed = request(
+            Method::GET,
+            "/api/jobs/?limit=5",
+            &[("host", "x"), ("x-long", "abcdef")],
+        );
+        assert_eq!(head_bytes(&parsed), head.len());
+    }
+
+    #[test]
     fn restart_from_another_origin_is_refused() {
         let mut same = HeaderMap::new();
         same.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8265"));

@@ -296,10 +296,15 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::net::UnixListener;
 
-    /// Serves `ok` on a Unix socket; counts accepted connections. With
-    /// `close_after_each`, the server closes every connection after one
-    /// response (as a module with keep-alive off, or an idle timeout, would).
-    async fn server(path: &std::path::Path, close_after_each: bool) -> Arc<AtomicUsize> {
+    /// Serves `ok` on a Unix socket (with `no_content`, a 204 without a
+    /// body); counts accepted connections. With `close_after_each`, the
+    /// server closes every connection after one response (as a module with
+    /// keep-alive off, or an idle timeout, would).
+    async fn server(
+        path: &std::path::Path,
+        close_after_each: bool,
+        no_content: bool,
+    ) -> Arc<AtomicUsize> {
         let listener = UnixListener::bind(path).expect("bind");
         let accepted = Arc::new(AtomicUsize::new(0));
         let count = Arc::clone(&accepted);
@@ -308,10 +313,14 @@ mod tests {
                 let (stream, _) = listener.accept().await.expect("accept");
                 count.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(|_req| async {
-                        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
-                            Bytes::from_static(b"ok"),
-                        )))
+                    let service = hyper::service::service_fn(move |_req| async move {
+                        let mut response = Response::new(http_body_util::Full::new(
+                            Bytes::from_static(if no_content { b"" } else { b"ok" }),
+                        ));
+                        if no_content {
+                            *response.status_mut() = StatusCode::NO_CONTENT;
+                        }
+                        Ok::<_, std::convert::Infallible>(response)
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .keep_alive(!close_after_each)
@@ -343,7 +352,7 @@ mod tests {
     async fn reuses_a_connection_once_its_response_ended() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s");
-        let accepted = server(&path, false).await;
+        let accepted = server(&path, false, false).await;
         let pool = ModulePool::new(path);
         for _ in 0..5 {
             assert_eq!(get(&pool).await, "ok");
@@ -355,7 +364,7 @@ mod tests {
     async fn connection_closed_by_the_module_is_replaced_without_error() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s");
-        let accepted = server(&path, true).await;
+        let accepted = server(&path, true, false).await;
         let pool = ModulePool::new(path);
         for _ in 0..3 {
             assert_eq!(get(&pool).await, "ok");
@@ -367,25 +376,7 @@ mod tests {
     async fn reuses_a_connection_whose_response_had_no_body() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s");
-        let listener = UnixListener::bind(&path).expect("bind");
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = Arc::clone(&accepted);
-        tokio::spawn(async move {
-            loop {
-                let (stream, _) = listener.accept().await.expect("accept");
-                count.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(|_req| async {
-                        let mut response = Response::new(http_body_util::Empty::<Bytes>::new());
-                        *response.status_mut() = StatusCode::NO_CONTENT;
-                        Ok::<_, std::convert::Infallible>(response)
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let accepted = server(&path, false, true).await;
         let pool = ModulePool::new(path);
         for _ in 0..5 {
             assert_eq!(get(&pool).await, "");

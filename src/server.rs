@@ -333,7 +333,9 @@ fn head_bytes<B>(request: &Request<B>) -> usize {
     line + fields + CRLF
 }
 
-/// 431 for a head over `server.max_header_bytes`, saying by how much.
+/// 431 for a head over `server.max_header_bytes`, saying by how much. The
+/// connection is closed after it, as hyper does when a head overflows its
+/// buffer, so that the buffer it grew to is let go.
 fn head_too_large(head: usize, limit: usize) -> Response {
     let mut response = Response::new(Body::from(format!(
         "request head is {head} bytes; the limit is {limit} (server.max_header_bytes)\n"
@@ -343,6 +345,9 @@ fn head_too_large(head: usize, limit: usize) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 

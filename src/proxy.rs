@@ -71,11 +71,6 @@ impl Proxy {
         }
     }
 
-    /// The server settings the proxy applies (limits, timeouts).
-    pub fn settings(&self) -> &ServerSettings {
-        &self.settings
-    }
-
     /// Finds the route for `request`.
     pub fn lookup(&self, request: &Request<Body>) -> Lookup {
         self.table.lookup(request.method(), request.uri().path())

@@ -36,12 +36,12 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most headers in one request (hyper's default is 100).
 const MAX_HEADERS: usize = 128;
 /// The least each client connection's buffers may grow to (hyper's
-/// default). hyper has one limit for its read buffer, which bounds a
-/// request's head, and its write buffer, which decides how many chunks of a
-/// streamed answer go out in one write: with the write side held to
-/// `max_header_bytes` (64 KiB), every 64 KiB chunk of a stream took a write
-/// (and a wake-up of the client) of its own. So the buffers get this much,
-/// and the head's limit is enforced on the parsed head ([`head_bytes`]).
+/// default). hyper's `max_buf_size` bounds both a connection's read buffer
+/// and its write buffer, which decides how many chunks of a streamed answer
+/// go out in one write: held to `max_header_bytes` (64 KiB), every 64 KiB
+/// chunk of a stream took a write (and a wake-up of the client) of its own.
+/// The head's limit is hyper's `max_header_size`, which counts the head as
+/// it came.
 const MIN_CONNECTION_BUFFER_BYTES: usize = 8192 + 4096 * 100;
 /// Pause after a failed accept (such as EMFILE) before trying again.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -265,8 +265,6 @@ pub struct Dispatch {
     /// Ray's token, when Ray's modules are hosted and its token
     /// authentication is on: every request but the public ones must bear it.
     token: Option<auth::Token>,
-    /// Largest request head accepted (`server.max_header_bytes`).
-    max_header_bytes: usize,
 }
 
 impl Dispatch {
@@ -277,7 +275,6 @@ impl Dispatch {
             proxy: Arc::clone(&state.proxy),
             browser_guard: state.ray.is_some(),
             token: state.ray.as_ref().and_then(|ray| ray.token.clone()),
-            max_header_bytes: state.proxy.settings().max_header_bytes,
             router: router(state),
         }
     }
@@ -289,11 +286,6 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let head = head_bytes(&request);
-        if head > self.max_header_bytes {
-            let refused = head_too_large(head, self.max_header_bytes);
-            return Box::pin(async move { Ok(refused) });
-        }
         let request = request.map(Body::new);
         // Ray's order: the token first, then the browser check.
         if let Some(token) = &self.token {
@@ -314,41 +306,6 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
         let proxy = Arc::clone(&self.proxy);
         Box::pin(async move { Ok(forward(&proxy, lookup, request).await) })
     }
-}
-
-/// The size of a request's head as it came on the wire: the request line,
-/// each header line, and the blank line that ends them.
-fn head_bytes<B>(request: &Request<B>) -> usize {
-    const CRLF: usize = 2;
-    let target = request
-        .uri()
-        .path_and_query()
-        .map_or(1, |p| p.as_str().len());
-    let line = request.method().as_str().len() + 1 + target + 1 + "HTTP/1.1".len() + CRLF;
-    let fields: usize = request
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + ": ".len() + value.len() + CRLF)
-        .sum();
-    line + fields + CRLF
-}
-
-/// 431 for a head over `server.max_header_bytes`, saying by how much. The
-/// connection is closed after it, as hyper does when a head overflows its
-/// buffer, so that the buffer it grew to is let go.
-fn head_too_large(head: usize, limit: usize) -> Response {
-    let mut response = Response::new(Body::from(format!(
-        "request head is {head} bytes; the limit is {limit} (server.max_header_bytes)\n"
-    )));
-    *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
 }
 
 /// Headers only browsers send (RFC 6454 `Origin`, the Fetch standard's
@@ -422,6 +379,7 @@ pub async fn serve(
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_buf_size(settings.max_header_bytes.max(MIN_CONNECTION_BUFFER_BYTES))
+        .max_header_size(settings.max_header_bytes)
         .max_headers(MAX_HEADERS);
     let connections = TaskTracker::new();
     let drain = CancellationToken::new();
@@ -490,17 +448,6 @@ mod tests {
             builder = builder.header(*name, *value);
         }
         builder.body(Body::empty()).expect("request")
-    }
-
-    #[test]
-    fn head_bytes_counts_the_head_as_sent() {
-        let head = "GET /api/jobs/?limit=5 HTTP/1.1\r\nhost: x\r\nx-long: abcdef\r\n\r\n";
-        let parsed = request(
-            Method::GET,
-            "/api/jobs/?limit=5",
-            &[("host", "x"), ("x-long", "abcdef")],
-        );
-        assert_eq!(head_bytes(&parsed), head.len());
     }
 
     #[test]

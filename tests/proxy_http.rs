@@ -415,7 +415,7 @@ async fn head_uses_get_route() {
 }
 
 /// A request head over `max_header_bytes` is refused with 431 before it
-/// reaches a module.
+/// reaches a module, counted as it came: blanks the parser skips count too.
 #[tokio::test]
 async fn oversized_request_head_is_refused() {
     let d = dashd()
@@ -423,22 +423,14 @@ async fn oversized_request_head_is_refused() {
         .module(test_module("tm"))
         .start();
     d.healthy("tm", 0).await;
-    // Without `Connection: close`: the refusal itself ends the connection
-    // (raw_exchange reads to EOF, bounded by its read timeout).
-    let request = format!(
-        "GET /test/echo HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
-        "a".repeat(32 * 1024)
-    );
-    let response = raw_exchange(d.addr(), request.as_bytes());
-    assert!(response.starts_with("HTTP/1.1 431"), "{response}");
-    assert!(
-        response.to_ascii_lowercase().contains("connection: close"),
-        "{response}"
-    );
-    assert!(
-        response.contains("the limit is 16384 (server.max_header_bytes)"),
-        "{response}"
-    );
+    for big in [
+        format!("X-Big: {}", "a".repeat(32 * 1024)),
+        format!("X-Pad:{}x", " ".repeat(32 * 1024)),
+    ] {
+        let request = format!("GET /test/echo HTTP/1.1\r\nHost: x\r\n{big}\r\n\r\n");
+        let response = raw_exchange(d.addr(), request.as_bytes());
+        assert!(response.starts_with("HTTP/1.1 431"), "{response}");
+    }
     let fine = client()
         .get(d.url("/test/echo"))
         .header("x-small", "a".repeat(4 * 1024))

@@ -12,7 +12,9 @@
 //! sockets on the path, which no proxy can avoid.
 //!
 //! Runs until SIGTERM or SIGINT, then prints one JSON line:
-//! `{connections, failed_connects, bytes_to_target, bytes_from_target}`.
+//! `{connections, failed_accepts, failed_connects, bytes_to_target,
+//! bytes_from_target}`; the byte counts are those of the connections that
+//! ended cleanly before the signal.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,10 +52,19 @@ pub(crate) async fn run(listen: SocketAddr, to: Target) -> anyhow::Result<serde_
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let totals = Arc::new(Totals::default());
     let to = Arc::new(to);
-    let mut connections = 0u64;
+    let (mut connections, mut failed_accepts) = (0u64, 0u64);
     loop {
         let (mut client, _) = tokio::select! {
-            accepted = listener.accept() => accepted.context("accept")?,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors under load, say: not the relay's end.
+                    eprintln!("tcp-relay: accept failed: {e}");
+                    failed_accepts += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
             _ = term.recv() => break,
             _ = int.recv() => break,
         };
@@ -84,6 +95,7 @@ pub(crate) async fn run(listen: SocketAddr, to: Target) -> anyhow::Result<serde_
     }
     Ok(json!({
         "connections": connections,
+        "failed_accepts": failed_accepts,
         "failed_connects": totals.failed_connects.load(Ordering::Relaxed),
         "bytes_to_target": totals.to_target.load(Ordering::Relaxed),
         "bytes_from_target": totals.from_target.load(Ordering::Relaxed),

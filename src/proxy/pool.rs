@@ -16,9 +16,13 @@
 //! the module's socket, reads the answer and writes it to the client. (With
 //! a task per module connection every exchange took two more trips through
 //! the runtime's queue, which under load is what widened the latency tail.)
-//! An idle connection is polled by nobody; the few cases that need one to
-//! run on its own (a 101's upgrade, an upload the module answered before
-//! reading) get a task then.
+//! An idle connection is polled by nobody (the health check's tick prunes
+//! the ones the module closed meanwhile). A request with a body gets a
+//! task for its connection at once: the upload must go on while the client
+//! is slow to read the answer, which would otherwise stall it (a module
+//! that streams while it reads, and a client that sends all before it
+//! reads, would wait on each other). A 101's upgrade, and an upload the
+//! module answered before reading, get a task too.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -72,32 +76,53 @@ struct Inner {
 /// hyper's future that reads and writes one module connection.
 type Driver = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
 
-/// One connection: the handle that sends on it and the future that runs it,
-/// polled by the connection's current user.
+/// Who runs a connection.
+enum Runner {
+    /// Its current user polls it.
+    Inline(Driver),
+    /// A task of its own does.
+    Task,
+    /// Nobody: it has ended (the module closed it, or it failed).
+    Ended,
+}
+
+/// One connection: the handle that sends on it and what runs it.
 struct Conn {
     sender: SendRequest<Body>,
-    /// `None` once the connection has ended.
-    driver: Option<Driver>,
+    runner: Runner,
 }
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let runner = match self.runner {
+            Runner::Inline(_) => "inline",
+            Runner::Task => "task",
+            Runner::Ended => "ended",
+        };
         f.debug_struct("Conn")
-            .field("ended", &self.driver.is_none())
+            .field("runner", &runner)
             .finish_non_exhaustive()
     }
 }
 
+fn spawn_driver(driver: Driver) {
+    tokio::spawn(async move {
+        if let Err(e) = driver.await {
+            debug!(error = %e, "module connection ended with an error");
+        }
+    });
+}
+
 impl Conn {
-    /// Lets the connection read and write what it can. Once it has ended
-    /// (the module closed it, or it failed), it is never polled again.
+    /// Lets an inline connection read and write what it can. Once it has
+    /// ended it is never polled again.
     fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(driver) = self.driver.as_mut() {
+        if let Runner::Inline(driver) = &mut self.runner {
             if let Poll::Ready(ended) = driver.as_mut().poll(cx) {
                 if let Err(e) = ended {
                     debug!(error = %e, "module connection ended with an error");
                 }
-                self.driver = None;
+                self.runner = Runner::Ended;
             }
         }
     }
@@ -105,21 +130,22 @@ impl Conn {
     /// Whether a new request can go on the connection now.
     fn ready(&mut self, cx: &mut Context<'_>) -> bool {
         self.drive(cx);
-        self.driver.is_some() && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
+        !matches!(self.runner, Runner::Ended)
+            && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
     }
 
-    /// Hands the connection to a task of its own, to finish whatever it
-    /// still has to do (an upgrade, an upload) without its user.
-    fn run_alone(self) {
-        if let Some(driver) = self.driver {
-            // Without the sender, hyper closes the connection once idle.
-            drop(self.sender);
-            tokio::spawn(async move {
-                if let Err(e) = driver.await {
-                    debug!(error = %e, "module connection ended with an error");
-                }
-            });
+    /// Gives the connection a task of its own; it stays usable.
+    fn detach(&mut self) {
+        if let Runner::Inline(driver) = std::mem::replace(&mut self.runner, Runner::Task) {
+            spawn_driver(driver);
         }
+    }
+
+    /// Lets the connection finish what it still has to do (an upgrade, an
+    /// upload) without its user, then close: without its sender, hyper
+    /// closes it once idle.
+    fn run_alone(mut self) {
+        self.detach();
     }
 }
 
@@ -146,6 +172,10 @@ impl ModulePool {
                 Some(conn) => (conn, true),
                 None => (self.connect().await?, false),
             };
+            if !request.body().is_end_stream() {
+                // An upload: it must not depend on the answer being read.
+                conn.detach();
+            }
             let mut answer = std::pin::pin!(conn.sender.try_send_request(request));
             let answered = std::future::poll_fn(|cx| {
                 // The connection first, so that the request is written (and
@@ -181,6 +211,29 @@ impl ModulePool {
         }
     }
 
+    /// Lets go of the idle connections that the module closed (or that
+    /// failed) since they were used. Nothing polls an idle connection, so
+    /// without this one closed by the module would hold its socket until it
+    /// was next checked out. Called on every health check.
+    pub(crate) fn prune_idle(&self) {
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        self.inner
+            .idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain_mut(|conn| conn.ready(&mut cx));
+    }
+
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.inner
+            .idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
     async fn connect(&self) -> Result<Conn, PoolError> {
         let stream = ModuleStream::connect(&self.inner.socket)
             .await
@@ -193,7 +246,7 @@ impl ModulePool {
             .await?;
         Ok(Conn {
             sender,
-            driver: Some(Box::pin(connection.with_upgrades())),
+            runner: Runner::Inline(Box::pin(connection.with_upgrades())),
         })
     }
 
@@ -382,6 +435,102 @@ mod tests {
             assert_eq!(get(&pool).await, "");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    /// Reads one request head from `stream` (the tests' requests carry no
+    /// body unless they say so in `content-length`); returns that length.
+    async fn read_head(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> usize {
+        use tokio::io::AsyncReadExt;
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            stream.read_exact(&mut byte).await.expect("head");
+            head.push(byte[0]);
+        }
+        String::from_utf8_lossy(&head)
+            .lines()
+            .find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().ok())?
+            })
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_module_closed_is_let_go() {
+        use tokio::io::AsyncWriteExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let listener = UnixListener::bind(&path).expect("bind");
+        // Answers with keep-alive, then closes the idle connection, as a
+        // module's keep-alive timeout does.
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            read_head(&mut stream).await;
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .expect("answer");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        });
+        let pool = ModulePool::new(path);
+        assert_eq!(get(&pool).await, "ok");
+        assert_eq!(pool.idle_count(), 1);
+        let let_go = async {
+            while pool.idle_count() > 0 {
+                pool.prune_idle();
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), let_go)
+            .await
+            .expect("the closed connection is still held");
+    }
+
+    /// A module that answers at once and streams while it reads a large
+    /// upload: the upload must reach it while nobody reads the answer yet
+    /// (a client that sends everything before it reads).
+    #[tokio::test]
+    async fn an_upload_goes_on_while_the_answer_is_not_read() {
+        use http_body_util::BodyExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const UPLOAD: usize = 4 << 20;
+        const ANSWER: usize = 4 << 20;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (uploaded_tx, uploaded) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let length = read_head(&mut stream).await;
+            let (mut reader, mut writer) = stream.into_split();
+            tokio::spawn(async move {
+                let mut body = vec![0u8; length];
+                reader.read_exact(&mut body).await.expect("upload");
+                let _ = uploaded_tx.send(body.len());
+            });
+            writer
+                .write_all(
+                    format!("HTTP/1.1 200 OK\r\ncontent-length: {ANSWER}\r\n\r\n").as_bytes(),
+                )
+                .await
+                .expect("head");
+            writer.write_all(&vec![b'x'; ANSWER]).await.expect("answer");
+        });
+        let pool = ModulePool::new(path);
+        let request = Request::post("/")
+            .header("host", "x")
+            .body(Body::from(vec![b'u'; UPLOAD]))
+            .expect("request");
+        let response = pool.send(request).await.expect("send");
+        let got = tokio::time::timeout(std::time::Duration::from_secs(10), uploaded)
+            .await
+            .expect("the upload stalled while the answer was not read")
+            .expect("server gone");
+        assert_eq!(got, UPLOAD);
+        let body = response.into_body().collect().await.expect("body");
+        assert_eq!(body.to_bytes().len(), ANSWER);
     }
 
     #[tokio::test]

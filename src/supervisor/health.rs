@@ -13,6 +13,7 @@ const MAX_HEALTHZ_BODY: usize = 64 * 1024;
 /// Asks the module behind `pool` for `/api/healthz`. `Ok` carries the round
 /// trip; `Err` says what failed, in words for `last_error`.
 pub(crate) async fn check_health(pool: &ModulePool, timeout: Duration) -> Result<Duration, String> {
+    pool.prune_idle();
     let started = Instant::now();
     let request = http::Request::get("/api/healthz")
         .header(http::header::HOST, "localhost")

@@ -73,6 +73,14 @@ struct Inner {
     idle: Mutex<Vec<Conn>>,
 }
 
+impl Inner {
+    /// The idle connections (a panic elsewhere while they were held leaves
+    /// them as they are: each is checked before use).
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// hyper's future that reads and writes one module connection.
 type Driver = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
 
@@ -106,11 +114,14 @@ impl std::fmt::Debug for Conn {
 }
 
 fn spawn_driver(driver: Driver) {
-    tokio::spawn(async move {
-        if let Err(e) = driver.await {
-            debug!(error = %e, "module connection ended with an error");
-        }
-    });
+    tokio::spawn(async move { log_end(driver.await) });
+}
+
+/// Notes how a connection ended, whoever ran it.
+fn log_end(ended: hyper::Result<()>) {
+    if let Err(e) = ended {
+        debug!(error = %e, "module connection ended with an error");
+    }
 }
 
 impl Conn {
@@ -119,9 +130,7 @@ impl Conn {
     fn drive(&mut self, cx: &mut Context<'_>) {
         if let Runner::Inline(driver) = &mut self.runner {
             if let Poll::Ready(ended) = driver.as_mut().poll(cx) {
-                if let Err(e) = ended {
-                    debug!(error = %e, "module connection ended with an error");
-                }
+                log_end(ended);
                 self.runner = Runner::Ended;
             }
         }
@@ -198,12 +207,7 @@ impl ModulePool {
     /// sat here is seen ending when it is polled now, and is let go.
     async fn checkout(&self) -> Option<Conn> {
         loop {
-            let mut conn = self
-                .inner
-                .idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop()?;
+            let mut conn = self.inner.idle().pop()?;
             if std::future::poll_fn(|cx| Poll::Ready(conn.ready(cx))).await {
                 return Some(conn);
             }
@@ -218,20 +222,12 @@ impl ModulePool {
     pub(crate) fn prune_idle(&self) {
         let waker = std::task::Waker::noop();
         let mut cx = Context::from_waker(waker);
-        self.inner
-            .idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain_mut(|conn| conn.ready(&mut cx));
+        self.inner.idle().retain_mut(|conn| conn.ready(&mut cx));
     }
 
     #[cfg(test)]
     fn idle_count(&self) -> usize {
-        self.inner
-            .idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.inner.idle().len()
     }
 
     async fn connect(&self) -> Result<Conn, PoolError> {
@@ -253,35 +249,28 @@ impl ModulePool {
     /// Ties `conn` to `response`'s body: it returns to the pool when the
     /// body ends, and is closed if the body is dropped before.
     fn attach(&self, response: Response<Incoming>, conn: Conn) -> Response<PooledBody> {
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let conn = if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             // The connection now belongs to the upgrade, which hyper
             // completes in the connection future: it runs on its own.
             conn.run_alone();
-            let pool = Arc::downgrade(&self.inner);
-            return response.map(|inner| PooledBody {
-                inner,
-                conn: None,
-                pool,
-            });
-        }
-        let (parts, inner) = response.into_parts();
-        let mut body = PooledBody {
-            inner,
-            conn: Some(conn),
-            pool: Arc::downgrade(&self.inner),
+            None
+        } else {
+            Some(conn)
         };
-        if body.inner.is_end_stream() {
+        let pool = Arc::downgrade(&self.inner);
+        let mut response = response.map(|inner| PooledBody { inner, conn, pool });
+        if response.body().inner.is_end_stream() {
             // Nothing more to read: the connection can go back now, once
             // it has seen its exchange through.
             let waker = std::task::Waker::noop();
-            body.release(&mut Context::from_waker(waker));
+            response.body_mut().release(&mut Context::from_waker(waker));
         }
-        Response::from_parts(parts, body)
+        response
     }
 }
 
 fn release(inner: &Inner, conn: Conn) {
-    let mut idle = inner.idle.lock().unwrap_or_else(|e| e.into_inner());
+    let mut idle = inner.idle();
     if idle.len() < MAX_IDLE {
         idle.push(conn);
     }

@@ -140,6 +140,8 @@ pub struct RayHead {
 /// What Ray's dashboard parent serves itself, for the host to serve.
 #[derive(Debug, Clone)]
 pub struct RayParent {
+    /// The installed Ray's `__version__`.
+    pub ray_version: String,
     /// Ray's built web UI (`index.html`, `favicon.ico`, `static/`), when the
     /// installed Ray has it.
     pub ui_dir: Option<PathBuf>,
@@ -159,6 +161,14 @@ pub struct RayParent {
 /// What `head_facts.py` prints, read with Ray's own helpers.
 #[derive(Deserialize)]
 struct HeadFacts {
+    /// `ray.__version__`.
+    #[serde(default)]
+    ray_version: String,
+    /// One line each: this Ray is newer than the newest release ray-dashd
+    /// was tested on (its internals passed the checks all the same); token
+    /// authentication asked for where this Ray has none.
+    #[serde(default)]
+    warnings: Vec<String>,
     ui_dir: PathBuf,
     timezone: serde_json::Value,
     authentication_mode: String,
@@ -173,8 +183,16 @@ struct HeadFacts {
 impl RayParent {
     /// Checks `facts` and keeps what the host serves.
     fn from_facts(facts: HeadFacts) -> Result<RayParent, String> {
+        for warning in &facts.warnings {
+            warn!(ray_version = %facts.ray_version, "{warning}");
+        }
         let token = match facts.authentication_mode.as_str() {
             "disabled" => None,
+            "k8s" => {
+                return Err("Ray's Kubernetes token authentication (RAY_AUTH_MODE=k8s) \
+                     is not supported by ray-dashd"
+                    .to_owned())
+            }
             "token" if facts.k8s_token_auth => {
                 return Err(
                     "Ray's Kubernetes token authentication (RAY_ENABLE_K8S_TOKEN_AUTH) \
@@ -198,6 +216,7 @@ impl RayParent {
             None
         };
         Ok(RayParent {
+            ray_version: facts.ray_version,
             ui_dir,
             timezone: facts.timezone,
             token,
@@ -308,6 +327,7 @@ pub fn add_modules(
     config.add_modules_toml(&origin, &generated)?;
     info!(
         gcs = %gcs_address,
+        ray_version = %parent.ray_version,
         modules = config.modules.len() - before,
         token_auth = parent.token.is_some(),
         "hosting Ray's dashboard modules"
@@ -318,6 +338,7 @@ pub fn add_modules(
             settings.client_port,
             &gcs_address,
             &settings.python,
+            parent.token.is_some(),
         );
         config.add_modules_toml("<the Ray Client proxy>", &proxy)?;
         info!(port = settings.client_port, "hosting the Ray Client proxy");
@@ -413,7 +434,18 @@ fn path_str(path: &Path) -> String {
 
 /// The Ray Client proxy as a module: `ray://<host>:<port>` clients, each
 /// with a Ray client server of its own (`modules/client-proxy`).
-fn client_proxy_toml(host: &str, port: u16, gcs_address: &str, python: &str) -> String {
+///
+/// `token_auth` is Ray's own verdict (from `head_facts.py`), passed on as
+/// `RAY_AUTH_MODE`: a release without token authentication (before 2.52)
+/// ignores a `RAY_AUTH_MODE=token` in the environment, so its clients send
+/// no token and the proxy must not ask for one.
+fn client_proxy_toml(
+    host: &str,
+    port: u16,
+    gcs_address: &str,
+    python: &str,
+    token_auth: bool,
+) -> String {
     let quote = |s: &str| serde_json::to_string(s).expect("UNWRAP: a string serializes");
     let command = [
         "ray-dashd-client-proxy",
@@ -429,8 +461,9 @@ fn client_proxy_toml(host: &str, port: u16, gcs_address: &str, python: &str) -> 
     .map(quote)
     .join(", ");
     format!(
-        "[[modules]]\nname = {name}\ncommand = [{command}]\nroutes = [\n  {{ method = \"GET\", path = \"/api/client_proxy/clients\", type = \"http\" }},\n]\n",
-        name = quote(CLIENT_PROXY_MODULE)
+        "[[modules]]\nname = {name}\ncommand = [{command}]\nenv = {{ RAY_AUTH_MODE = {mode} }}\nroutes = [\n  {{ method = \"GET\", path = \"/api/client_proxy/clients\", type = \"http\" }},\n]\n",
+        name = quote(CLIENT_PROXY_MODULE),
+        mode = quote(if token_auth { "token" } else { "disabled" }),
     )
 }
 

@@ -38,7 +38,7 @@ fn driver(head: &RayHead, python: &Path, address: &str, scenario: &str, flags: &
 }
 
 /// Runs a scenario to its end; its JSON result.
-fn run_driver(head: &RayHead, python: &Path, address: &str, scenario: &str) -> Value {
+pub(crate) fn run_driver(head: &RayHead, python: &Path, address: &str, scenario: &str) -> Value {
     let flags = tempfile::tempdir().expect("flags dir");
     let output = run_bounded(driver(head, python, address, scenario, flags.path()));
     let out = text(&output);

@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use crate::support::{dashd, eventually, kill, proc_stat, process_gone, Dashd};
 
-/// Ray's nine default subprocess modules (2.60).
-const RAY_MODULES: [&str; 9] = [
+/// Ray's nine default subprocess modules (the same in 2.45 through 2.60).
+pub(crate) const RAY_MODULES: [&str; 9] = [
     "DataHead",
     "EventHead",
     "JobHead",
@@ -41,7 +41,7 @@ pub(crate) fn token() -> String {
 }
 
 /// A client that presents the cluster's token.
-fn authed() -> reqwest::Client {
+pub(crate) fn authed() -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert(
         reqwest::header::AUTHORIZATION,
@@ -176,7 +176,7 @@ impl RayHead {
 
     /// `ray job submit --no-wait` of `python -c script` through `address`;
     /// the submission id.
-    fn submit_no_wait(&self, address: &str, script: &str) -> String {
+    pub(crate) fn submit_no_wait(&self, address: &str, script: &str) -> String {
         let submitted = self.cli(&[
             "job",
             "submit",
@@ -193,7 +193,7 @@ impl RayHead {
     }
 
     /// Runs Ray's CLI with `args`, bounded by [`RAY_WAIT`].
-    fn cli(&self, args: &[&str]) -> Output {
+    pub(crate) fn cli(&self, args: &[&str]) -> Output {
         let mut command = Command::new(self.bin.join("ray"));
         command.args(args);
         ray_env(&mut command, &self.bin);
@@ -331,7 +331,7 @@ fn submission_id(submitted: &Output) -> String {
         .to_owned()
 }
 
-async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
+pub(crate) async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
     let deadline = Instant::now() + RAY_WAIT;
     loop {
         let modules: Vec<Value> = authed()

@@ -15,6 +15,7 @@ mod proxy_ws;
 mod python_module;
 mod ray_client;
 mod ray_head;
+mod ray_releases;
 mod ray_setup;
 mod shutdown;
 mod supervisor;

@@ -18,20 +18,27 @@ import logging
 import os
 import sys
 
-# The Ray release whose internals this code was written against and checked on.
-EXPECTED_RAY_VERSION = "2.60.0"
+# The oldest Ray release that hosts its dashboard modules as subprocesses by
+# default (2.42-2.44 ship ray.dashboard.subprocesses but leave it unused).
+OLDEST_RAY = (2, 45, 0)
+
+# The newest Ray release this code was tested on. A newer one runs when the
+# structural checks below pass, with one warning naming its version; the
+# checks, not this number, decide whether it is hosted.
+NEWEST_TESTED_RAY = (2, 60)
 
 # Exit status for "this Ray is not the one we understand" (and for a bad
 # invocation): the same code ray-dashd itself uses for a bad command line or
 # config, so that an operator sees one meaning for 64 across the project.
 EXIT_INCOMPATIBLE = 64
 
-# Set to 1 to run on a Ray version other than EXPECTED_RAY_VERSION. The
-# structural checks below still run; only the version string is forgiven.
+# Set to 1 to try a Ray older than OLDEST_RAY. The structural checks below
+# still run; only the lower bound is forgiven.
 ANY_VERSION_ENV = "RAY_DASHD_RAY_ANY_VERSION"
 
-# The fields SubprocessModuleConfig has in the release we know. A field added
-# or removed means the module may expect something we do not provide.
+# The fields of SubprocessModuleConfig that the launcher fills (the same in
+# every release from 2.45 to 2.60). One of them gone means the module expects
+# something else; a new one is accepted only if it has a default.
 EXPECTED_CONFIG_FIELDS = (
     "cluster_id_hex",
     "gcs_address",
@@ -52,6 +59,55 @@ EXPECTED_CONFIG_FIELDS = (
 ROUTE_KINDS = ("http", "stream", "websocket")
 
 
+def release(version: str) -> tuple:
+    """(major, minor, patch) of a Ray version string such as "2.52.1" or
+    "2.61.0rc1" (a suffix is ignored; a missing part counts as 0)."""
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = ""
+        for char in piece:
+            if not char.isdigit():
+                break
+            digits += char
+        parts.append(int(digits or 0))
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def newer_than_tested(version: str):
+    """One line warning that `version` is newer than the newest release this
+    code was tested on, or None."""
+    if release(version)[:2] <= NEWEST_TESTED_RAY:
+        return None
+    tested = ".".join(map(str, NEWEST_TESTED_RAY))
+    return (f"Ray {version} is newer than {tested}.x, the newest release ray-dashd "
+            "was tested on; its internals passed the checks, so its modules are hosted")
+
+
+def first_of(*candidates: str):
+    """The first of `module:attribute` names that imports, or raises
+    IncompatibleRay naming them all. Ray moves helpers between
+    `ray._private` and `ray._common` across releases."""
+    for candidate in candidates:
+        module, _, attribute = candidate.partition(":")
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            continue
+        if not attribute:
+            return found
+        if hasattr(found, attribute):
+            return getattr(found, attribute)
+    raise _differs(f"none of {', '.join(candidates)} exists")
+
+
+def module_enabled(cls) -> bool:
+    """Whether Ray itself would load module class `cls`: its `is_enabled()`
+    where Ray has one (2.58 and later), else always (earlier releases load
+    every module they find)."""
+    is_enabled = getattr(cls, "is_enabled", None)
+    return bool(is_enabled()) if callable(is_enabled) else True
+
+
 class IncompatibleRay(Exception):
     """The installed Ray does not look like the one this code understands."""
 
@@ -65,8 +121,8 @@ def _differs(what: str) -> IncompatibleRay:
     except Exception as exc:  # ray itself failed to import
         found = f"no importable Ray ({exc!r}) for {sys.executable}"
     return IncompatibleRay(
-        f"ray-dashd's Ray launcher is written for Ray {EXPECTED_RAY_VERSION}; "
-        f"found {found}: {what}"
+        f"ray-dashd hosts the modules of Ray {'.'.join(map(str, OLDEST_RAY))} and later "
+        f"whose internals it recognizes; found {found}: {what}"
     )
 
 
@@ -80,6 +136,11 @@ def _uses_name(func, name: str) -> bool:
     return code is not None and name in code.co_names
 
 
+def _leave_stdio_alone(*_args, **_kwargs) -> None:
+    """Stands in for Ray's stdout/stderr redirection: ray-dashd already
+    captures both into the module's .out and .err files."""
+
+
 class RayInternals:
     """The handful of Ray objects we use, looked up and checked once."""
 
@@ -90,12 +151,14 @@ class RayInternals:
             raise _differs(f"`import ray` failed: {exc!r}") from exc
         self.ray = ray
         self.version = ray.__version__
-        if check_version and self.version != EXPECTED_RAY_VERSION:
+        if check_version and release(self.version) < OLDEST_RAY:
             if os.environ.get(ANY_VERSION_ENV) != "1":
+                oldest = ".".join(map(str, OLDEST_RAY))
                 raise _differs(
-                    f"version {self.version} is not {EXPECTED_RAY_VERSION} "
-                    f"(set {ANY_VERSION_ENV}=1 to try it anyway)"
+                    f"releases before {oldest} do not run their dashboard modules "
+                    f"as subprocesses (set {ANY_VERSION_ENV}=1 to try it anyway)"
                 )
+        self.warning = newer_than_tested(self.version)
 
         try:
             sub_module = importlib.import_module("ray.dashboard.subprocesses.module")
@@ -131,14 +194,28 @@ class RayInternals:
         config_cls = getattr(sub_module, "SubprocessModuleConfig", None)
         if config_cls is None or not dataclasses.is_dataclass(config_cls):
             raise _differs("SubprocessModuleConfig is missing or not a dataclass")
-        fields = tuple(f.name for f in dataclasses.fields(config_cls))
-        if sorted(fields) != sorted(EXPECTED_CONFIG_FIELDS):
-            extra = sorted(set(fields) - set(EXPECTED_CONFIG_FIELDS))
-            missing = sorted(set(EXPECTED_CONFIG_FIELDS) - set(fields))
+        fields = {f.name: f for f in dataclasses.fields(config_cls)}
+        missing = sorted(set(EXPECTED_CONFIG_FIELDS) - set(fields))
+        required_new = sorted(
+            name for name, f in fields.items()
+            if name not in EXPECTED_CONFIG_FIELDS
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        )
+        if missing or required_new:
             raise _differs(
-                f"SubprocessModuleConfig fields differ (new: {extra}, gone: {missing})"
+                "SubprocessModuleConfig fields differ "
+                f"(gone: {missing}, new without a default: {required_new})"
             )
         self.config_cls = config_cls
+
+        # Ray's rotation settings for log files (under ray._common from 2.49,
+        # ray._private before).
+        self.rotate_bytes = first_of("ray._common.ray_constants:LOGGING_ROTATE_BYTES",
+                                     "ray._private.ray_constants:LOGGING_ROTATE_BYTES")
+        self.rotate_backup_count = first_of(
+            "ray._common.ray_constants:LOGGING_ROTATE_BACKUP_COUNT",
+            "ray._private.ray_constants:LOGGING_ROTATE_BACKUP_COUNT")
 
         base = getattr(sub_module, "SubprocessModule", None)
         if base is None:
@@ -166,6 +243,24 @@ class RayInternals:
         if values != sorted(ROUTE_KINDS):
             raise _differs(f"ResponseType values are {values}, expected {ROUTE_KINDS}")
         self.response_type = response_type
+
+    # -- logging ------------------------------------------------------------
+
+    def keep_stdio(self) -> bool:
+        """Turns off Ray's redirection of a module's stdout and stderr into
+        files of its own, which `run_module` does whenever the config names a
+        log file; True when that was possible (the module may then log to
+        Ray's own `dashboard_<Class>.log`), False when this Ray redirects in
+        a way we do not recognize."""
+        try:
+            logging_utils = importlib.import_module("ray._private.logging_utils")
+        except ImportError:
+            return False
+        name = "redirect_stdout_stderr_if_needed"
+        if not hasattr(logging_utils, name) or not _uses_name(self.run_module, name):
+            return False
+        setattr(logging_utils, name, _leave_stdio_alone)
+        return True
 
     # -- module classes -----------------------------------------------------
 

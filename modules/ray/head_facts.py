@@ -17,32 +17,62 @@ import os
 import sys
 
 
+def auth_facts() -> tuple:
+    """(mode name, k8s token auth on, the TOKEN mode or None) from Ray's own
+    helpers, as far as this release has them: none before 2.52 (token
+    authentication does not exist there: "disabled"), the mode from 2.52,
+    Ray's name for it from 2.53, the Kubernetes flag from 2.54."""
+    try:
+        from ray._raylet import AuthenticationMode, get_authentication_mode
+    except ImportError:
+        return "disabled", False, None
+    mode = get_authentication_mode()
+    try:
+        from ray._private.authentication.authentication_utils import (
+            get_authentication_mode_name,
+        )
+        name = get_authentication_mode_name(mode)
+    except ImportError:
+        names = {AuthenticationMode.TOKEN: "token", AuthenticationMode.K8S: "k8s"}
+        name = names.get(mode, "disabled")
+    try:
+        from ray._raylet import is_k8s_token_auth_enabled
+        k8s = bool(is_k8s_token_auth_enabled())
+    except ImportError:
+        k8s = mode == AuthenticationMode.K8S
+    return name, k8s, (mode if mode == AuthenticationMode.TOKEN else None)
+
+
 def main() -> int:
+    import ray
+
+    import dashd_ray
+
     # Ray's own helpers answer the questions, so the answers match Ray's.
-    from ray._common.usage import usage_lib
-    from ray._private.authentication.authentication_utils import (
-        get_authentication_mode_name,
-    )
-    from ray._raylet import (
-        AuthenticationMode,
-        AuthenticationTokenLoader,
-        get_authentication_mode,
-        is_k8s_token_auth_enabled,
-    )
+    # usage_lib moved from ray._private.usage to ray._common.usage in 2.49.
+    usage_lib = dashd_ray.first_of("ray._common.usage.usage_lib",
+                                   "ray._private.usage.usage_lib")
     from ray.dashboard import timezone_utils
 
     package = importlib.util.find_spec("ray").submodule_search_locations[0]
-    mode = get_authentication_mode()
-    k8s = bool(is_k8s_token_auth_enabled())
+    mode_name, k8s, token_mode = auth_facts()
     facts = {
+        "ray_version": ray.__version__,
         "ui_dir": os.path.join(package, "dashboard", "client", "build"),
         "timezone": timezone_utils.get_current_timezone_info(),
-        "authentication_mode": get_authentication_mode_name(mode),
+        "authentication_mode": mode_name,
         "k8s_token_auth": k8s,
         "usage_stats_enabled": usage_lib.usage_stats_enabled(),
         "usage_stats_prompt_enabled": usage_lib.usage_stats_prompt_enabled(),
     }
-    if mode == AuthenticationMode.TOKEN and not k8s:
+    warnings = [dashd_ray.newer_than_tested(ray.__version__)]
+    if os.environ.get("RAY_AUTH_MODE", "").strip() == "token" and mode_name == "disabled":
+        warnings.append(f"RAY_AUTH_MODE=token is set, but Ray {ray.__version__} has no token "
+                        "authentication: like Ray's own dashboard, ray-dashd serves without it")
+    facts["warnings"] = [w for w in warnings if w]
+    if token_mode is not None and not k8s:
+        from ray._raylet import AuthenticationTokenLoader
+
         try:
             facts["auth_token"] = AuthenticationTokenLoader.instance().get_raw_token()
         except Exception as exc:  # Ray's loader raises when there is no token

@@ -29,7 +29,8 @@ What it does:
        - /api/healthz answers 503 until Ray's own start-up (the module's whole
          `run()`) has finished, where Ray's answers 200 as soon as the socket
          is bound; ray-dashd counts a module ready at the first 200.
-Logs go to stderr, which ray-dashd appends to <session>/logs/dashboard_<ClassName>.err.
+The module logs to <session>/logs/dashboard_<ClassName>.log, as under Ray's own
+dashboard; its stdout and stderr go to the .out and .err files ray-dashd appends to.
 
 Optional environment (ray-dashd or the config may set these):
   RAY_DASHD_GCS_ADDRESS   GCS host:port. Default: <temp dir>/ray_current_cluster,
@@ -41,7 +42,7 @@ Optional environment (ray-dashd or the config may set these):
                           writes it); saves importing every dashboard module.
   RAY_DASHD_RAY_LOG_LEVEL Python log level for the module (default: Ray's,
                           i.e. RAY_LOGGER_LEVEL or "info").
-  RAY_DASHD_RAY_ANY_VERSION=1  run on a Ray version other than the expected one.
+  RAY_DASHD_RAY_ANY_VERSION=1  try a Ray older than the oldest supported one.
   RAY_DASHD_GCS_TIMEOUT_SECS   how long to wait for the GCS at start (default 10).
 
 Exit codes: 64 for a bad invocation or an incompatible Ray; 1 when the Ray
@@ -302,7 +303,7 @@ def preload(targets: list) -> list:
         classes[name] = internals.module_class(name, python_module)
     if not targets:
         for cls in internals.all_module_classes():
-            if cls.is_enabled():
+            if dashd_ray.module_enabled(cls):
                 classes[cls.__name__] = cls
     _preloaded["internals"] = internals
     _preloaded["classes"] = classes
@@ -334,7 +335,7 @@ def run_forked(class_name: str) -> None:
 def host(internals, module_cls, env: dict, started: float, watch) -> None:
     """Runs `module_cls` through Ray's own entry point, with our two hooks."""
     class_name = module_cls.__name__
-    if not module_cls.is_enabled():
+    if not dashd_ray.module_enabled(module_cls):
         say(f"note: Ray would not load {class_name} here (is_enabled() is False); "
             "starting it anyway because the config asks for it")
 
@@ -351,21 +352,30 @@ def host(internals, module_cls, env: dict, started: float, watch) -> None:
     except SessionNotFound as exc:
         fail(EXIT_NO_SESSION, str(exc))
 
-    from ray._common.ray_constants import LOGGING_ROTATE_BACKUP_COUNT, LOGGING_ROTATE_BYTES
     from ray._private import ray_constants
 
+    # Ray's own names and rotation: the module logs to dashboard_<Class>.log,
+    # rotated as Ray rotates it (RAY_ROTATION_MAX_BYTES and
+    # RAY_ROTATION_BACKUP_COUNT, as `ray start` passes them to its
+    # dashboard). Its stdout and stderr stay what ray-dashd captures into
+    # dashboard_<Class>.out and .err: Ray's own redirection of them is turned
+    # off, so that each file has one writer.
+    own_log = internals.keep_stdio()
+    if not own_log:
+        say("note: this Ray cannot log to dashboard_<Class>.log without also "
+            "redirecting stdout and stderr; logging to stderr instead")
     config = internals.config_cls(
         **facts,
         logging_level=log_level(),
-        # Same shape as Ray's dashboard uses when it logs to stderr.
-        logging_format=ray_constants.LOGGER_FORMAT_STDERR.format(
-            component=f"dashboard_{class_name}"),
+        logging_format=(ray_constants.LOGGER_FORMAT if own_log else
+                        ray_constants.LOGGER_FORMAT_STDERR.format(
+                            component=f"dashboard_{class_name}")),
         log_dir=os.path.realpath(env["RAY_DASHD_LOG_DIR"]),
-        # Empty: Ray's module logs to stderr and does not redirect stdout and
-        # stderr into files of its own (ray-dashd already captures both).
-        logging_filename="",
-        logging_rotate_bytes=LOGGING_ROTATE_BYTES,
-        logging_rotate_backup_count=LOGGING_ROTATE_BACKUP_COUNT,
+        logging_filename="dashboard.log" if own_log else "",
+        logging_rotate_bytes=int(os.environ.get("RAY_ROTATION_MAX_BYTES",
+                                                internals.rotate_bytes)),
+        logging_rotate_backup_count=int(os.environ.get("RAY_ROTATION_BACKUP_COUNT",
+                                                       internals.rotate_backup_count)),
         socket_dir=socket_dir,
     )
     say(f"Ray {internals.version}: starting {class_name} incarnation "

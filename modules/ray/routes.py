@@ -63,7 +63,7 @@ def collect(internals, include_disabled: bool, classes=None):
     kinds = internals.route_kinds()
     result = []
     for cls in classes:
-        enabled = bool(cls.is_enabled())
+        enabled = dashd_ray.module_enabled(cls)
         if not enabled and not include_disabled:
             continue
         routes = []

@@ -130,6 +130,7 @@ mod tests {
 
     fn parent(token: Option<&str>) -> Arc<RayParent> {
         Arc::new(RayParent {
+            ray_version: "2.60.0".to_owned(),
             ui_dir: None,
             timezone: json!({ "offset": "+00:00", "value": "UTC" }),
             token: token.and_then(Token::new),

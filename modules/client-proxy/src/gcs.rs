@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use ray_proto::rpc::get_all_node_info_request::{node_selector, NodeSelector};
+use ray_proto::rpc::gcs_node_info::GcsNodeState;
 use ray_proto::rpc::internal_kv_gcs_service_client::InternalKvGcsServiceClient;
 use ray_proto::rpc::node_info_gcs_service_client::NodeInfoGcsServiceClient;
 use ray_proto::rpc::runtime_env_gcs_service_client::RuntimeEnvGcsServiceClient;
 use ray_proto::rpc::{
-    GcsStatus, GetAllNodeInfoRequest, InternalKvDelRequest, InternalKvExistsRequest,
+    GcsNodeInfo, GcsStatus, GetAllNodeInfoRequest, InternalKvDelRequest, InternalKvExistsRequest,
     InternalKvGetRequest, InternalKvKeysRequest, InternalKvPutRequest, PinRuntimeEnvUriRequest,
 };
 use tonic::metadata::{Ascii, MetadataValue};
@@ -165,29 +165,34 @@ impl Gcs {
     }
 
     /// `http://<ip>:<port>` of the head node's runtime env agent.
+    ///
+    /// Asks for every node and picks the head here: the request's head-node
+    /// selector is unknown to Ray 2.45–2.48 (ignored, so every node comes
+    /// back) and answered with no nodes at all by 2.49–2.53, so filtering on
+    /// the GCS side would break runtime envs on those releases.
     pub async fn head_runtime_env_agent(&self) -> Result<String, Status> {
         let reply = NodeInfoGcsServiceClient::new(self.channel.clone())
-            .get_all_node_info(self.req(GetAllNodeInfoRequest {
-                node_selectors: vec![NodeSelector {
-                    node_selector: Some(node_selector::NodeSelector::IsHeadNode(true)),
-                }],
-                ..Default::default()
-            }))
+            .get_all_node_info(self.req(GetAllNodeInfoRequest::default()))
             .await?
             .into_inner();
         check(reply.status)?;
-        let head = reply
-            .node_info_list
-            .iter()
-            .find(|node| node.is_head_node && node.runtime_env_agent_port > 0)
-            .ok_or_else(|| {
-                Status::unavailable("the GCS knows no head node with a runtime env agent")
-            })?;
+        let head = head_agent(&reply.node_info_list).ok_or_else(|| {
+            Status::unavailable("the GCS knows no live head node with a runtime env agent")
+        })?;
         Ok(format!(
             "http://{}:{}",
             head.node_manager_address, head.runtime_env_agent_port
         ))
     }
+}
+
+/// The live head node that runs a runtime env agent, among `nodes`.
+fn head_agent(nodes: &[GcsNodeInfo]) -> Option<&GcsNodeInfo> {
+    nodes.iter().find(|node| {
+        node.is_head_node
+            && node.state == GcsNodeState::Alive as i32
+            && node.runtime_env_agent_port > 0
+    })
 }
 
 fn check(status: Option<GcsStatus>) -> Result<(), Status> {
@@ -198,5 +203,33 @@ fn check(status: Option<GcsStatus>) -> Result<(), Status> {
             Code::Internal,
             format!("GCS answered status {code}: {message}"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(head: bool, state: GcsNodeState, port: i32) -> GcsNodeInfo {
+        GcsNodeInfo {
+            is_head_node: head,
+            state: state as i32,
+            runtime_env_agent_port: port,
+            node_manager_address: format!("10.0.0.{port}"),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_live_head_with_an_agent_is_picked_among_all_nodes() {
+        let nodes = [
+            node(false, GcsNodeState::Alive, 1),
+            node(true, GcsNodeState::Dead, 2),
+            node(true, GcsNodeState::Alive, 0),
+            node(true, GcsNodeState::Alive, 4),
+        ];
+        let head = head_agent(&nodes).expect("a head");
+        assert_eq!(head.runtime_env_agent_port, 4);
+        assert!(head_agent(&nodes[..3]).is_none());
     }
 }

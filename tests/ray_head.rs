@@ -89,7 +89,13 @@ fn free_port_block(n: u16) -> u16 {
         .expect("a block of free ports")
 }
 
-/// A Ray head run by `ray start --block` in its own process group.
+/// Asks [`RayHead::launch`] for a node of a cluster of several nodes: Ray
+/// refuses a second node unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1` (which
+/// [`ray_env`] sets to 0 for single-node heads).
+const MULTI_NODE: &str = "<multi-node>";
+
+/// A Ray node (the head, or one joining it) run by `ray start --block` in
+/// its own process group.
 pub(crate) struct RayHead {
     child: Option<Child>,
     temp: tempfile::TempDir,
@@ -99,6 +105,24 @@ pub(crate) struct RayHead {
 
 impl RayHead {
     pub(crate) fn start(python: &Path) -> RayHead {
+        Self::launch(python, None, &[])
+    }
+
+    /// A head that other nodes may join ([`RayHead::join`]).
+    pub(crate) fn start_multi_node(python: &Path) -> RayHead {
+        Self::launch(python, None, &[MULTI_NODE])
+    }
+
+    /// A second node joining the cluster of `head` (on this machine, with
+    /// ports and a temp dir of its own), started with `extra` flags.
+    pub(crate) fn join(head: &RayHead, python: &Path, extra: &[&str]) -> RayHead {
+        let mut args = vec![MULTI_NODE];
+        args.extend_from_slice(extra);
+        Self::launch(python, Some(&head.gcs), &args)
+    }
+
+    /// `extra`: flags of `ray start`, or [`MULTI_NODE`].
+    fn launch(python: &Path, join: Option<&str>, extra: &[&str]) -> RayHead {
         let bin = python.parent().expect("venv bin").to_path_buf();
         let temp = tempfile::Builder::new()
             .prefix("rdr")
@@ -114,19 +138,22 @@ impl RayHead {
             format!("--{flag}={}", next.get())
         };
         let mut command = Command::new(bin.join("ray"));
+        command.args(["start", "--block"]);
+        match join {
+            None => command
+                .args(["--head", "--include-dashboard=false"])
+                .args(["--disable-usage-stats", "--num-cpus=2"])
+                .arg(format!("--port={gcs_port}"))
+                .arg(port("ray-client-server-port")),
+            Some(gcs) => command.arg(format!("--address={gcs}")).arg("--num-cpus=1"),
+        };
         command
-            .args(["start", "--head", "--block", "--include-dashboard=false"])
-            .args([
-                "--disable-usage-stats",
-                "--num-cpus=2",
-                "--node-ip-address=127.0.0.1",
-            ])
+            .args(extra.iter().filter(|a| **a != MULTI_NODE))
+            .arg("--node-ip-address=127.0.0.1")
             .arg("--object-store-memory=100000000")
-            .arg(format!("--port={gcs_port}"))
             .arg(format!("--temp-dir={}", temp.path().display()))
             .arg(port("node-manager-port"))
             .arg(port("object-manager-port"))
-            .arg(port("ray-client-server-port"))
             .arg(port("dashboard-agent-listen-port"))
             .arg(port("dashboard-agent-grpc-port"))
             .arg(port("runtime-env-agent-port"))
@@ -134,6 +161,9 @@ impl RayHead {
             .arg(format!("--min-worker-port={workers}"))
             .arg(format!("--max-worker-port={}", workers + 49));
         ray_env(&mut command, &bin);
+        if extra.contains(&MULTI_NODE) {
+            command.env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1");
+        }
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         // `ray start` logs on stderr but says it is up on stdout.
         let mut child = command
@@ -161,7 +191,7 @@ impl RayHead {
         let head = RayHead {
             child: Some(child),
             temp,
-            gcs: format!("127.0.0.1:{gcs_port}"),
+            gcs: join.map_or_else(|| format!("127.0.0.1:{gcs_port}"), str::to_owned),
             bin,
         };
         started_rx

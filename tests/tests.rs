@@ -14,6 +14,7 @@ mod proxy_stream;
 mod proxy_ws;
 mod python_module;
 mod ray_client;
+mod ray_cluster;
 mod ray_head;
 mod ray_releases;
 mod ray_setup;

@@ -9,6 +9,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ray_dashd_sdk::SdkError;
+use rustix::io::Errno;
 use serde_json::json;
 
 use crate::routes::FILE_SIZE_HEADER;
@@ -40,7 +41,8 @@ pub enum LogsError {
     #[error("bad query: {0}")]
     BadQuery(String),
     /// The name is refused because it could lead outside the log folder:
-    /// `..`, an absolute path, NUL, or a symlink resolving outside (400).
+    /// `..`, an absolute path, NUL, or a symlink anywhere in it, wherever
+    /// it leads: links in the log folder are never followed (400).
     #[error("refused name {name:?}: {reason}")]
     Refused {
         /// The name as the client sent it.
@@ -138,9 +140,18 @@ impl LogsError {
         match source.kind() {
             io::ErrorKind::NotFound | io::ErrorKind::NotADirectory => Self::NotFound { name },
             io::ErrorKind::PermissionDenied => Self::PermissionDenied { name },
-            _ if source.raw_os_error() == Some(libc::ELOOP) => Self::Refused {
+            io::ErrorKind::IsADirectory => Self::IsDirectory { name },
+            // Only path resolution fails so, and it does for any link in
+            // the name (see `beneath.rs`), not just for loops.
+            _ if source.raw_os_error() == Some(Errno::LOOP.raw_os_error()) => Self::Refused {
                 name,
-                reason: "too many levels of symbolic links",
+                reason:
+                    "is or passes through a symlink (symlinks in the log folder are not followed)",
+            },
+            // `RESOLVE_BENEATH` saw the name leave the folder.
+            _ if source.raw_os_error() == Some(Errno::XDEV.raw_os_error()) => Self::Refused {
+                name,
+                reason: "resolves outside the log folder",
             },
             _ => Self::Io { name, source },
         }

@@ -1,34 +1,49 @@
 //! The log folder: turning a client's `name` into a regular file that is
-//! certainly inside it, and listing the files a client may ask for. Nothing
-//! outside this file touches a path built from client input.
+//! certainly inside it, and listing the files a client may ask for. Names
+//! are checked here without touching the filesystem, then reached only
+//! through [`Beneath`], which holds the folder open and follows no symlink:
+//! nothing opens or stats a path built from client input by its string.
+//!
+//! Symlinks inside the log folder are refused, wherever they are in a name
+//! and wherever they lead, and are not listed: Ray's own logs have none,
+//! and following one cannot be made safe against a writer swapping it.
 
 use std::cmp::Ordering;
-use std::fs::{self, File, Metadata, OpenOptions};
+use std::ffi::OsStr;
+use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
+use std::time::Duration;
 
+use rustix::fs::{fstat, FileType, Stat};
 use serde::Serialize;
 
+use crate::beneath::{Beneath, Folder};
 use crate::error::{LogsError, StartupError};
 
 /// Deepest folder level listed: `a/b/c/d/file` is listed, `a/b/c/d/e/file`
 /// is not. Ray's own logs nest two levels (`events/`, `old/`); the bound
-/// keeps a listing cheap even if someone links a deep tree in.
+/// keeps a listing cheap even for a deep tree.
 pub(crate) const MAX_DEPTH: usize = 4;
 
 /// Most files one listing returns; Ray sessions that ran for weeks can hold
 /// tens of thousands of worker logs, and the UI cannot show more anyway.
 pub(crate) const MAX_LISTED: usize = 10_000;
 
-/// The log folder, canonicalized once at start; every name is resolved
-/// against it and must stay inside it.
+/// The log folder, opened once at start; every name is resolved beneath it.
 #[derive(Debug, Clone)]
 pub struct LogDir {
-    /// Canonical absolute path: no symlinks, no `..`.
-    root: Arc<Path>,
+    inner: Arc<Inner>,
+}
+
+/// What the clones of a [`LogDir`] share.
+#[derive(Debug)]
+struct Inner {
+    /// Canonical absolute path, for logs and tests: nothing is opened by it.
+    root: PathBuf,
+    /// The folder held open: the only way in.
+    beneath: Beneath,
 }
 
 /// A log file opened for reading, with what identifies it on disk.
@@ -48,10 +63,10 @@ pub(crate) struct FileId {
 }
 
 impl FileId {
-    fn of(meta: &Metadata) -> Self {
+    pub(crate) fn of(stat: &Stat) -> Self {
         Self {
-            dev: meta.dev(),
-            ino: meta.ino(),
+            dev: stat.st_dev,
+            ino: stat.st_ino,
         }
     }
 }
@@ -77,121 +92,91 @@ pub(crate) struct ListedFile {
     pub(crate) modified_ms: Option<u64>,
 }
 
+/// A client's name, checked and split, not yet looked up.
+#[derive(Debug)]
+struct Name<'a> {
+    /// The components, `.` left out: none is `..`, empty or a root.
+    parts: Vec<&'a OsStr>,
+    /// The name ended with `/`: it must be a folder (so it is never served).
+    folder_only: bool,
+}
+
 impl LogDir {
-    /// Canonicalizes `path`, which must be an existing folder.
+    /// Opens `path`, which must be an existing folder, and holds it open.
     pub fn new(path: &Path) -> Result<Self, StartupError> {
+        Self::open_with(path, Beneath::open)
+    }
+
+    /// [`new`](Self::new) with the strategy forced, to test both.
+    #[cfg(test)]
+    pub(crate) fn with_strategy(
+        path: &Path,
+        strategy: crate::beneath::Strategy,
+    ) -> Result<Self, StartupError> {
+        Self::open_with(path, |root| Beneath::with_strategy(root, strategy))
+    }
+
+    fn open_with(
+        path: &Path,
+        open: impl FnOnce(&Path) -> io::Result<Beneath>,
+    ) -> Result<Self, StartupError> {
         let fail = |source| StartupError::LogDir {
             path: path.to_owned(),
             source,
         };
         let root = fs::canonicalize(path).map_err(fail)?;
-        if !fs::metadata(&root).map_err(fail)?.is_dir() {
-            return Err(fail(io::Error::new(
-                io::ErrorKind::NotADirectory,
-                "not a directory",
-            )));
-        }
-        Ok(Self { root: root.into() })
+        let beneath = open(&root).map_err(fail)?;
+        tracing::debug!(log_dir = %root.display(), strategy = ?beneath.strategy(), "log folder opened");
+        Ok(Self {
+            inner: Arc::new(Inner { root, beneath }),
+        })
     }
 
-    /// The canonical path of the folder.
+    /// The canonical path of the folder (for display).
     pub fn root(&self) -> &Path {
-        &self.root
+        &self.inner.root
     }
 
     /// How many clones of this handle exist: lets tests see that a follower
     /// (which holds one) was dropped.
     #[cfg(test)]
     pub(crate) fn handles(&self) -> usize {
-        Arc::strong_count(&self.root)
+        Arc::strong_count(&self.inner)
     }
 
-    /// Resolves `name` to the canonical path of an existing entry inside
-    /// the folder.
+    /// Opens `name` for reading, only if it is a regular file reached
+    /// through no symlink.
     ///
-    /// Syntax is checked before the filesystem is touched: empty, NUL,
-    /// absolute and `..` names are refused outright. Then the joined path is
-    /// canonicalized and must start with the canonical root, which catches a
-    /// symlink anywhere in the path that leads out. A missing name whose
-    /// existing part already leads out is refused rather than reported
-    /// missing, so answers never reveal what exists outside.
-    pub(crate) fn resolve(&self, name: &str) -> Result<PathBuf, LogsError> {
-        let refuse = |reason| LogsError::Refused {
-            name: name.to_owned(),
-            reason,
-        };
-        if name.is_empty() {
-            return Err(refuse("empty name"));
-        }
-        if name.contains('\0') {
-            return Err(refuse("contains NUL"));
-        }
-        let relative = Path::new(name);
-        for component in relative.components() {
-            match component {
-                Component::Normal(_) | Component::CurDir => {}
-                Component::ParentDir => return Err(refuse("contains a `..` component")),
-                Component::RootDir | Component::Prefix(_) => return Err(refuse("is absolute")),
-            }
-        }
-        let joined = self.root.join(relative);
-        match fs::canonicalize(&joined) {
-            Ok(canonical) if canonical.starts_with(&self.root) => Ok(canonical),
-            Ok(_) => Err(refuse("resolves outside the log folder")),
-            Err(e) => {
-                let missing = matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-                );
-                if missing && self.existing_part_escapes(&joined) {
-                    return Err(refuse("resolves outside the log folder"));
-                }
-                Err(LogsError::from_io(name, e))
-            }
-        }
-    }
-
-    /// Whether the deepest existing ancestor of `joined` resolves outside.
-    fn existing_part_escapes(&self, joined: &Path) -> bool {
-        joined
-            .ancestors()
-            .skip(1)
-            .find_map(|ancestor| fs::canonicalize(ancestor).ok())
-            .is_some_and(|canonical| !canonical.starts_with(&self.root))
-    }
-
-    /// Opens `name` for reading: resolved as in [`resolve`](Self::resolve),
-    /// and only if it is a regular file.
+    /// The kind is checked before opening (opening a FIFO or device can
+    /// block or have side effects) and again on the open file, since the
+    /// entry may have been replaced in between: `O_NONBLOCK` keeps a FIFO
+    /// swapped in from blocking the open, and it is then refused.
     pub(crate) fn open(&self, name: &str) -> Result<LogFile, LogsError> {
-        let path = self.resolve(name)?;
+        let parsed = parse(name)?;
         let io_err = |e| LogsError::from_io(name, e);
-        // Check the kind before opening: opening a FIFO or device can block
-        // or have side effects.
-        check_regular(name, &fs::metadata(&path).map_err(io_err)?)?;
-        // The canonical path has no symlinks, so O_NOFOLLOW only bites if
-        // the last component was swapped for one since; O_NONBLOCK keeps a
-        // FIFO swapped in from blocking the open.
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-            .map_err(io_err)?;
-        let meta = file.metadata().map_err(io_err)?;
-        check_regular(name, &meta)?;
+        let located = self.inner.beneath.locate(&parsed.parts).map_err(io_err)?;
+        check_regular(name, &parsed, &located.stat().map_err(io_err)?)?;
+        let file = located.open_read().map_err(io_err)?;
+        let stat = fstat(&file).map_err(|e| io_err(e.into()))?;
+        check_regular(name, &parsed, &stat)?;
         Ok(LogFile {
             file,
-            id: FileId::of(&meta),
+            id: FileId::of(&stat),
         })
     }
 
-    /// What `name` names now, or `None` if it names nothing.
+    /// What `name` names now, or `None` if it names nothing. Refused like
+    /// [`open`](Self::open) (a symlink now at the name, or on the way to
+    /// it, is refused, not followed), but without opening anything.
     pub(crate) fn identify(&self, name: &str) -> Result<Option<FileId>, LogsError> {
-        let meta = match self.resolve(name) {
-            Ok(path) => fs::metadata(path).map_err(|e| LogsError::from_io(name, e)),
-            Err(e) => Err(e),
-        };
-        match meta {
-            Ok(meta) => Ok(Some(FileId::of(&meta))),
+        let parsed = parse(name)?;
+        let stat = self
+            .inner
+            .beneath
+            .locate(&parsed.parts)
+            .and_then(|located| located.stat());
+        match stat.map_err(|e| LogsError::from_io(name, e)) {
+            Ok(stat) => Ok(Some(FileId::of(&stat))),
             Err(LogsError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }
@@ -208,108 +193,145 @@ impl LogDir {
     /// Each folder's entries are visited sorted by `name` for files and
     /// `name/` for folders, so the depth-first walk yields full paths in
     /// byte order and can stop at the cap with exactly the first `limit`
-    /// names. Symlinks are listed only when they resolve to a regular file
-    /// inside the folder; linked folders are not entered (no cycles, no
-    /// duplicates). Unreadable subfolders are skipped.
+    /// names. Symlinks are neither listed nor entered (a name through one
+    /// would be refused); every folder is entered relative to its open
+    /// parent with `O_NOFOLLOW`, so a folder swapped for a link meanwhile
+    /// is skipped, not followed. Unreadable subfolders are skipped.
     pub(crate) fn list_at_most(&self, limit: usize) -> Result<Listing, LogsError> {
         let mut files = Vec::new();
-        let root = self.root.to_path_buf();
-        self.walk(&root, "", 0, limit + 1, &mut files)
+        self.inner
+            .beneath
+            .root_folder()
+            .and_then(|root| walk(root, "", 0, limit + 1, &mut files))
             .map_err(|e| LogsError::from_io(".", e))?;
         let truncated = files.len() > limit;
         files.truncate(limit);
         Ok(Listing { files, truncated })
     }
+}
 
-    /// Adds the files under `dir` (whose names start with `prefix`) to
-    /// `out` until it holds `limit`.
-    fn walk(
-        &self,
-        dir: &Path,
-        prefix: &str,
-        depth: usize,
-        limit: usize,
-        out: &mut Vec<ListedFile>,
-    ) -> io::Result<()> {
-        let mut entries = Vec::new();
-        for entry in fs::read_dir(dir)? {
-            let Ok(entry) = entry else { continue };
-            let Ok(file_name) = entry.file_name().into_string() else {
-                // Not UTF-8: it could not be asked for by `name=` anyway.
-                continue;
-            };
-            let Ok(kind) = entry.file_type() else {
-                continue;
-            };
-            let path = entry.path();
-            let listed = if kind.is_symlink() {
-                self.linked_file(&path)
-            } else if kind.is_dir() {
-                (depth < MAX_DEPTH).then_some(Entry::Dir)
-            } else if kind.is_file() {
-                entry.metadata().ok().map(Entry::File)
-            } else {
-                None
-            };
-            if let Some(listed) = listed {
-                entries.push((file_name, path, listed));
-            }
+/// Checks `name` and splits it, before the filesystem is touched: empty,
+/// NUL, absolute and `..` names are refused outright, and a name of the
+/// folder itself (`.`) is a folder.
+fn parse(name: &str) -> Result<Name<'_>, LogsError> {
+    let refuse = |reason| LogsError::Refused {
+        name: name.to_owned(),
+        reason,
+    };
+    if name.is_empty() {
+        return Err(refuse("empty name"));
+    }
+    if name.contains('\0') {
+        return Err(refuse("contains NUL"));
+    }
+    let mut parts = Vec::new();
+    for component in Path::new(name).components() {
+        match component {
+            Component::Normal(part) => parts.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => return Err(refuse("contains a `..` component")),
+            Component::RootDir | Component::Prefix(_) => return Err(refuse("is absolute")),
         }
-        entries.sort_by(|(a, _, a_kind), (b, _, b_kind)| walk_order(a, a_kind, b, b_kind));
+    }
+    if parts.is_empty() {
+        return Err(LogsError::IsDirectory {
+            name: name.to_owned(),
+        });
+    }
+    Ok(Name {
+        parts,
+        folder_only: name.ends_with('/'),
+    })
+}
 
-        for (file_name, path, listed) in entries {
-            if out.len() >= limit {
-                break;
-            }
-            let name = format!("{prefix}{file_name}");
-            match listed {
-                Entry::File(meta) => out.push(ListedFile {
-                    name,
-                    size: meta.len(),
-                    modified_ms: modified_ms(&meta),
-                }),
-                Entry::Dir => {
-                    // A folder swapped for a link since read_dir must not
-                    // lead the walk outside.
-                    let inside = fs::canonicalize(&path).is_ok_and(|p| p.starts_with(&self.root));
-                    if !inside {
-                        continue;
-                    }
-                    if let Err(e) = self.walk(&path, &format!("{name}/"), depth + 1, limit, out) {
-                        tracing::debug!(folder = %name, error = %e, "skipping unreadable folder");
-                    }
+/// Adds the files under `folder` (whose names start with `prefix`) to `out`
+/// until it holds `limit`.
+fn walk(
+    mut folder: Folder,
+    prefix: &str,
+    depth: usize,
+    limit: usize,
+    out: &mut Vec<ListedFile>,
+) -> io::Result<()> {
+    let mut entries = Vec::new();
+    for (c_name, kind) in folder.entries()? {
+        let Ok(file_name) = c_name.to_str().map(str::to_owned) else {
+            // Not UTF-8: it could not be asked for by `name=` anyway.
+            continue;
+        };
+        let listed = match kind {
+            FileType::Directory => (depth < MAX_DEPTH).then_some(Entry::Folder),
+            // Links are refused by name, so listing them would only tease;
+            // special files are never served.
+            FileType::Symlink
+            | FileType::Fifo
+            | FileType::Socket
+            | FileType::CharacterDevice
+            | FileType::BlockDevice => None,
+            // Regular, or a filesystem that does not record the type.
+            _ => folder
+                .stat(&c_name)
+                .ok()
+                .and_then(|stat| Entry::of(&stat, depth)),
+        };
+        if let Some(listed) = listed {
+            entries.push((file_name, c_name, listed));
+        }
+    }
+    entries.sort_by(|(a, _, a_kind), (b, _, b_kind)| walk_order(a, a_kind, b, b_kind));
+
+    for (file_name, c_name, listed) in entries {
+        if out.len() >= limit {
+            break;
+        }
+        let name = format!("{prefix}{file_name}");
+        match listed {
+            Entry::File { size, modified_ms } => out.push(ListedFile {
+                name,
+                size,
+                modified_ms,
+            }),
+            Entry::Folder => {
+                let walked = folder
+                    .subfolder(&c_name)
+                    .and_then(|sub| walk(sub, &format!("{name}/"), depth + 1, limit, out));
+                if let Err(e) = walked {
+                    tracing::debug!(folder = %name, error = %e, "skipping unreadable folder");
                 }
             }
         }
-        Ok(())
     }
-
-    /// The metadata of the regular file a symlink leads to, if it stays
-    /// inside the folder.
-    fn linked_file(&self, link: &Path) -> Option<Entry> {
-        let target = fs::canonicalize(link).ok()?;
-        if !target.starts_with(&self.root) {
-            return None;
-        }
-        let meta = fs::metadata(target).ok()?;
-        meta.is_file().then_some(Entry::File(meta))
-    }
+    Ok(())
 }
 
 /// A folder entry worth listing or entering.
 #[derive(Debug)]
 enum Entry {
-    /// A regular file (or a link to one), with its metadata.
-    File(Metadata),
+    /// A regular file.
+    File { size: u64, modified_ms: Option<u64> },
     /// A real folder to walk into.
-    Dir,
+    Folder,
+}
+
+impl Entry {
+    /// The entry `stat` describes at `depth`, if it is listed.
+    fn of(stat: &Stat, depth: usize) -> Option<Self> {
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::RegularFile => Some(Self::File {
+                size: u64::try_from(stat.st_size).unwrap_or(0),
+                modified_ms: modified_ms(stat),
+            }),
+            FileType::Directory => (depth < MAX_DEPTH).then_some(Self::Folder),
+            _ => None,
+        }
+    }
 }
 
 /// Orders entries as their full paths sort: a folder `a` as `a/`.
 fn walk_order(a: &str, a_kind: &Entry, b: &str, b_kind: &Entry) -> Ordering {
     let key = |name: &str, kind: &Entry| {
         let mut key = name.as_bytes().to_vec();
-        if matches!(kind, Entry::Dir) {
+        if matches!(kind, Entry::Folder) {
             key.push(b'/');
         }
         key
@@ -317,23 +339,28 @@ fn walk_order(a: &str, a_kind: &Entry, b: &str, b_kind: &Entry) -> Ordering {
     key(a, a_kind).cmp(&key(b, b_kind))
 }
 
-/// Refuses folders and special files.
-fn check_regular(name: &str, meta: &Metadata) -> Result<(), LogsError> {
+/// Refuses folders and special files (links never get here: they are
+/// `ELOOP` in [`Beneath`]).
+fn check_regular(name: &str, parsed: &Name<'_>, stat: &Stat) -> Result<(), LogsError> {
     let name = name.to_owned();
-    if meta.is_dir() {
-        Err(LogsError::IsDirectory { name })
-    } else if !meta.is_file() {
-        Err(LogsError::NotRegularFile { name })
-    } else {
-        Ok(())
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Directory => Err(LogsError::IsDirectory { name }),
+        // `f.log/` asks for a folder named `f.log`: there is none.
+        FileType::RegularFile if parsed.folder_only => Err(LogsError::NotFound { name }),
+        FileType::RegularFile => Ok(()),
+        _ => Err(LogsError::NotRegularFile { name }),
     }
 }
 
-/// Modification time in milliseconds since the epoch.
-fn modified_ms(meta: &Metadata) -> Option<u64> {
-    let since_epoch = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?;
-    u64::try_from(since_epoch.as_millis()).ok()
+/// Modification time in milliseconds since the epoch (`None` before it).
+fn modified_ms(stat: &Stat) -> Option<u64> {
+    let secs = u64::try_from(stat.st_mtime).ok()?;
+    let nanos = u32::try_from(stat.st_mtime_nsec).ok()?;
+    u64::try_from(Duration::new(secs, nanos).as_millis()).ok()
 }
+
+#[cfg(test)]
+mod race_tests;
 
 #[cfg(test)]
 mod tests {
@@ -367,6 +394,33 @@ mod tests {
         assert_eq!(names(&listing), ["a.log", "a/x", "a0"]);
     }
 
+    /// Links are not listed, whether they lead to a file or a folder,
+    /// inside or out.
+    #[test]
+    fn does_not_list_links() {
+        let (tmp, dir) = fixture();
+        fs::create_dir(dir.root().join("d")).unwrap();
+        fs::write(dir.root().join("d/real.log"), "").unwrap();
+        symlink("real.log", dir.root().join("d/alias.log")).unwrap();
+        symlink("d", dir.root().join("d-link")).unwrap();
+        symlink(tmp.path().join("outside"), dir.root().join("out")).unwrap();
+        assert_eq!(names(&dir.list().unwrap()), ["d/real.log"]);
+    }
+
+    /// A trailing `/` asks for a folder: a file by that name is not found,
+    /// and `.` names the log folder itself.
+    #[test]
+    fn trailing_slash_and_dot() {
+        let (_tmp, dir) = fixture();
+        fs::write(dir.root().join("f.log"), "").unwrap();
+        let err = dir.open("f.log/").unwrap_err();
+        assert!(matches!(err, LogsError::NotFound { .. }), "{err:?}");
+        for name in [".", "./"] {
+            let err = dir.open(name).unwrap_err();
+            assert!(matches!(err, LogsError::IsDirectory { .. }), "{err:?}");
+        }
+    }
+
     /// The cap keeps exactly the first names and says it cut.
     #[test]
     fn caps_listing_and_flags_truncation() {
@@ -398,22 +452,33 @@ mod tests {
     fn missing_name_under_escaping_link_is_refused() {
         let (tmp, dir) = fixture();
         symlink(tmp.path().join("outside"), dir.root().join("out")).unwrap();
-        let err = dir.resolve("out/nope").unwrap_err();
+        let err = dir.open("out/nope").unwrap_err();
         assert!(matches!(err, LogsError::Refused { .. }), "{err:?}");
-        let err = dir.resolve("nope/deeper").unwrap_err();
+        let err = dir.identify("out/nope").unwrap_err();
+        assert!(matches!(err, LogsError::Refused { .. }), "{err:?}");
+        let err = dir.open("nope/deeper").unwrap_err();
         assert!(matches!(err, LogsError::NotFound { .. }), "{err:?}");
+        assert!(dir.identify("nope/deeper").unwrap().is_none());
     }
 
-    /// Links inside the folder are followed; a FIFO is never opened.
+    /// Links are refused even when they lead inside, as the last component
+    /// or on the way, by `open` and `identify`, with a reason that says so;
+    /// a FIFO is never opened.
     #[test]
-    fn opens_inside_links_and_refuses_fifos() {
+    fn refuses_inside_links_and_fifos() {
         let (_tmp, dir) = fixture();
-        fs::write(dir.root().join("real.log"), "x\n").unwrap();
-        symlink("real.log", dir.root().join("alias.log")).unwrap();
-        assert_eq!(
-            dir.open("alias.log").unwrap().id,
-            dir.open("real.log").unwrap().id
-        );
+        fs::create_dir(dir.root().join("d")).unwrap();
+        fs::write(dir.root().join("d/real.log"), "x\n").unwrap();
+        symlink("real.log", dir.root().join("d/alias.log")).unwrap();
+        symlink("d", dir.root().join("d-link")).unwrap();
+        assert!(dir.open("d/real.log").is_ok());
+        for name in ["d/alias.log", "d-link/real.log", "d-link"] {
+            let err = dir.open(name).unwrap_err();
+            assert!(matches!(err, LogsError::Refused { .. }), "{name}: {err:?}");
+            assert!(err.to_string().contains("symlink"), "{name}: {err}");
+            let err = dir.identify(name).unwrap_err();
+            assert!(matches!(err, LogsError::Refused { .. }), "{name}: {err:?}");
+        }
         let fifo = dir.root().join("pipe");
         let status = std::process::Command::new("mkfifo")
             .arg(&fifo)

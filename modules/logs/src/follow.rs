@@ -15,7 +15,9 @@
 //! - Rotation: once the open file is read to its end, the name is resolved
 //!   again; if it now names another file (device + inode), the new file is
 //!   opened (through the same checks as any request) and read from 0. Lines
-//!   appended to the old file before that are delivered first.
+//!   appended to the old file before that are delivered first. A name that
+//!   is now a symlink, or reached through one, is refused and ends the
+//!   follow: it is never followed, even to a file inside the folder.
 //! - Disappearance: while the name names nothing, the old file is kept
 //!   (a writer may still hold it); when the name reappears it is a new
 //!   file and is read from 0.
@@ -415,6 +417,32 @@ mod tests {
         fs::remove_file(tmp.path().join("f.log")).unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret"), tmp.path().join("f.log"))
             .unwrap();
+        let err = follower.poll().unwrap_err();
+        assert!(matches!(err, LogsError::Refused { .. }), "{err:?}");
+    }
+
+    /// A link is refused even when it leads inside, as the last component
+    /// (`mv f f.1; ln -s f.1 f`) or on the way (`mv d d.1; ln -s d.1 d`):
+    /// following stops instead of going through it.
+    #[test]
+    fn stops_when_name_or_folder_becomes_inside_link() {
+        let (tmp, dir) = fixture("first\n");
+        let root = tmp.path();
+        let mut follower = Follower::open(&dir, "f.log", Start::Lines(1))
+            .unwrap()
+            .follower;
+        fs::rename(root.join("f.log"), root.join("f.log.1")).unwrap();
+        std::os::unix::fs::symlink("f.log.1", root.join("f.log")).unwrap();
+        let err = follower.poll().unwrap_err();
+        assert!(matches!(err, LogsError::Refused { .. }), "{err:?}");
+
+        fs::create_dir(root.join("d")).unwrap();
+        fs::write(root.join("d/g.log"), "first\n").unwrap();
+        let mut follower = Follower::open(&dir, "d/g.log", Start::Lines(1))
+            .unwrap()
+            .follower;
+        fs::rename(root.join("d"), root.join("d.1")).unwrap();
+        std::os::unix::fs::symlink("d.1", root.join("d")).unwrap();
         let err = follower.poll().unwrap_err();
         assert!(matches!(err, LogsError::Refused { .. }), "{err:?}");
     }

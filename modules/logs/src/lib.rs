@@ -4,13 +4,16 @@
 //!
 //! # Layout
 //!
-//! - `files.rs`: the log folder, name resolution (the safety boundary), listing
+//! - `files.rs`: the log folder: checking names, opening files, listing
+//! - `beneath.rs`: the safety boundary: reaching names beneath the folder's
+//!   open descriptor without following any symlink (`openat2`, or a walk)
 //! - `tail.rs`: reading backwards in blocks from the end
 //! - `follow.rs`: the follower behind both live routes (truncation, rotation)
 //! - `routes.rs`: the http and stream routes: queries, headers, bodies
 //! - `ws.rs`: the websocket route
 //! - `error.rs`: errors, and their one mapping to HTTP answers
 
+mod beneath;
 mod error;
 mod files;
 #[cfg(test)]

@@ -49,10 +49,12 @@ pub(crate) async fn websocket(
     }))
 }
 
-/// Fails only for a refused name; every other outcome is left to the socket.
+/// Fails only for a refused name (including a symlink on the way, which is
+/// looked up here, through no link); every other outcome is left to the
+/// socket.
 async fn refuse_early(dir: LogDir, name: String) -> Result<(), LogsError> {
     let for_error = name.clone();
-    match tokio::task::spawn_blocking(move || dir.resolve(&name)).await {
+    match tokio::task::spawn_blocking(move || dir.identify(&name)).await {
         Ok(Err(refused @ LogsError::Refused { .. })) => Err(refused),
         Ok(_) => Ok(()),
         Err(e) => Err(LogsError::from_join(&for_error, e)),

@@ -141,7 +141,7 @@ async fn websocket_closes_1011_when_file_missing() {
 }
 
 /// When the name is replaced by a link leading out of the folder, the
-/// socket closes with 1011 and the file outside is never sent.
+/// socket closes with 1011, saying why, and the file outside is never sent.
 #[tokio::test]
 async fn websocket_closes_1011_when_file_rotates_out_of_reach() {
     let fixture = Fixture::new();
@@ -154,18 +154,23 @@ async fn websocket_closes_1011_when_file_rotates_out_of_reach() {
     std::os::unix::fs::symlink(fixture.outside().join("secret"), &link).unwrap();
     let reason = expect_close_1011(&mut client).await;
     assert!(reason.contains("refused"), "{reason}");
+    assert!(reason.contains("symlink"), "{reason}");
     assert!(!reason.contains(SECRET.trim()));
 }
 
-/// Names that lead out of the folder are refused with 400 before the
-/// upgrade, like on every other route.
+/// Names that lead out of the folder, and symlinks even when they lead
+/// inside, as the last component or on the way, are refused with 400
+/// before the upgrade, like on every other route.
 #[tokio::test]
-async fn websocket_refuses_escaping_names_before_upgrade() {
+async fn websocket_refuses_escaping_names_and_links_before_upgrade() {
     let fixture = Fixture::new();
     let logs = fixture.logs();
     fs::create_dir(logs.join("sub")).unwrap();
+    fixture.write("a/inside.log", b"inside\n");
     std::os::unix::fs::symlink("/etc/hosts", logs.join("hosts-link")).unwrap();
     std::os::unix::fs::symlink(fixture.outside(), logs.join("sub/link-to-outside")).unwrap();
+    std::os::unix::fs::symlink("inside.log", logs.join("a/alias.log")).unwrap();
+    std::os::unix::fs::symlink("a", logs.join("a-link")).unwrap();
     let socket = serve(&fixture);
     for name in [
         "../outside/secret",
@@ -173,6 +178,8 @@ async fn websocket_refuses_escaping_names_before_upgrade() {
         "a/../../outside/secret",
         "hosts-link",
         "sub/link-to-outside/secret",
+        "a/alias.log",
+        "a-link/inside.log",
     ] {
         let query = format!("name={}", encode(name));
         match connect(&socket, &query).await {

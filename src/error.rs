@@ -71,15 +71,6 @@ pub enum StartupError {
     /// The async runtime or its signal handlers could not be set up.
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),
-    /// Logging could not be set up.
-    #[error("cannot open log file {path}: {source}")]
-    Log {
-        /// The log file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 impl StartupError {

@@ -68,7 +68,9 @@ impl Stopped {
 /// until SIGTERM or SIGINT, or until the Ray head it serves is gone.
 pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
     let session = Session::prepare(&config.session_dir)?;
-    let _log_guard = logging::init(&session)?;
+    // Held until `launch` returns, after everything else stopped: its drop
+    // flushes the last lines (the exit's reasons) to stderr and the file.
+    let _log_guard = logging::init(&session);
     let mut builder = match config.server.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {

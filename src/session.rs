@@ -1,6 +1,10 @@
 //! The session folder: where module sockets and logs live. Laid out the way
 //! Ray lays out its own, so that ray-dashd and `ray start` can share it.
 
+mod log_dir;
+
+pub use log_dir::{LogDir, LogFileError};
+
 use std::fs::{self, DirBuilder};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -23,10 +27,14 @@ pub struct Session {
     pub sockets: PathBuf,
     /// `<dir>/logs`: the host's and the modules' logs.
     pub logs: PathBuf,
+    /// `logs`, held open: log files are opened through it, never through
+    /// a link (see [`LogDir`]).
+    pub log_dir: LogDir,
 }
 
 impl Session {
-    /// Makes sure the folder, `sockets/` (0700) and `logs/` exist. A missing
+    /// Makes sure the folder, `sockets/` (0700) and `logs/` exist, and
+    /// opens `logs/`; a link in the place of either is refused. A missing
     /// `.../session_latest` is made the way Ray makes it: a real
     /// `session_<time>_<pid>` folder beside it and a link to that, so that a
     /// later `ray start` can move the link. Nothing already there is removed.
@@ -41,11 +49,12 @@ impl Session {
         let sockets = dir.join("sockets");
         private_dir(&sockets).map_err(err(&sockets))?;
         let logs = dir.join("logs");
-        fs::create_dir_all(&logs).map_err(err(&logs))?;
+        let log_dir = LogDir::open(dir).map_err(err(&logs))?;
         Ok(Session {
             dir: dir.to_path_buf(),
             sockets,
             logs,
+            log_dir,
         })
     }
 
@@ -178,6 +187,23 @@ mod tests {
             .to_string();
         assert!(
             msg.contains("sockets") && msg.contains("symbolic link"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_linked_logs_folder_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("session_x");
+        let elsewhere = tmp.path().join("elsewhere");
+        fs::create_dir_all(&dir).expect("mkdir");
+        fs::create_dir_all(&elsewhere).expect("mkdir");
+        std::os::unix::fs::symlink(&elsewhere, dir.join("logs")).expect("link");
+        let msg = Session::prepare(&dir)
+            .expect_err("a link is refused")
+            .to_string();
+        assert!(
+            msg.contains("logs") && msg.contains("symbolic link"),
             "{msg}"
         );
     }

@@ -241,7 +241,7 @@ impl EarlyStart {
 
     /// The last lines of its stderr log, for a failure report.
     pub fn stderr_tail(&self, session: &Session, lines: usize) -> String {
-        spawn::tail(&spawn::log_path(session, &self.name, "err"), lines)
+        spawn::tail(&session.log_dir, &spawn::log_name(&self.name, "err"), lines)
     }
 
     fn take(mut self) -> (Child, SystemTime) {

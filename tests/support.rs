@@ -160,6 +160,7 @@ pub struct DashdBuilder {
     extra: String,
     session: Option<PathBuf>,
     env: Vec<(String, String)>,
+    stall_stderr: bool,
 }
 
 /// Starts describing a ray-dashd fixture.
@@ -196,6 +197,13 @@ impl DashdBuilder {
     /// Sets an environment variable of ray-dashd (and so of its modules).
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Stops reading ray-dashd's stderr once it listens, as a stalled
+    /// reader would, until [`Dashd::resume_stderr`]: the pipe fills.
+    pub fn stall_stderr(mut self) -> Self {
+        self.stall_stderr = true;
         self
     }
 
@@ -238,6 +246,8 @@ impl DashdBuilder {
         let stderr = child.stderr.take().expect("piped stderr");
         let log = Arc::new(Mutex::new(String::new()));
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+        let mut stall = self.stall_stderr.then_some(resume_rx);
         let sink = Arc::clone(&log);
         std::thread::spawn(move || {
             let mut addr_tx = Some(addr_tx);
@@ -247,6 +257,10 @@ impl DashdBuilder {
                     if let Some(addr) = parse_listening(&line) {
                         let _ = tx.send(addr);
                         addr_tx = None;
+                        // Until resumed, or until the fixture is dropped.
+                        if let Some(resume) = stall.take() {
+                            let _ = resume.recv();
+                        }
                     }
                 }
                 let mut log = sink.lock().expect("log lock");
@@ -270,6 +284,7 @@ impl DashdBuilder {
             addr,
             session,
             log,
+            resume_stderr: Some(resume_tx),
             tmp,
         }
     }
@@ -290,6 +305,8 @@ pub struct Dashd {
     addr: SocketAddr,
     session: PathBuf,
     log: Arc<Mutex<String>>,
+    /// Dropped to resume reading a stalled stderr.
+    resume_stderr: Option<std::sync::mpsc::Sender<()>>,
     #[allow(dead_code)]
     tmp: tempfile::TempDir,
 }
@@ -323,6 +340,11 @@ impl Dashd {
     /// ray-dashd's pid.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
+    }
+
+    /// Reads ray-dashd's stderr again after [`DashdBuilder::stall_stderr`].
+    pub fn resume_stderr(&mut self) {
+        self.resume_stderr.take();
     }
 
     /// What ray-dashd wrote to stderr so far.

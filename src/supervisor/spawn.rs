@@ -1,7 +1,6 @@
 //! The process boundary: starting a module's process in its own process
 //! group, tied to the host's life, and stopping the whole group.
 
-use std::fs::OpenOptions;
 use std::io;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
@@ -12,24 +11,38 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use crate::config::ModuleSpec;
-use crate::session::Session;
+use crate::session::{LogDir, Session};
 
 /// How much of a log file's end is read to quote its last lines.
 const TAIL_BYTES: u64 = 4096;
 
 /// Starts one incarnation of `spec`. Its stdout and stderr are appended to
-/// `<logs>/dashboard_<name>.out` and `.err`.
+/// `<logs>/dashboard_<name>.out` and `.err`; one that cannot be opened (a
+/// link, say) is refused with a warning and that output discarded.
 pub(crate) fn spawn_module(
     spec: &ModuleSpec,
     session: &Session,
     socket: &Path,
     incarnation: u32,
 ) -> io::Result<Child> {
-    let append = |ext: &str| {
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log_path(session, &spec.name, ext))
+    // Any local user can put a link (or a FIFO, or a file they own and the
+    // host cannot open) where a module's log goes, since Ray makes `logs/`
+    // writable by all. That must not keep the module from starting, so the
+    // module runs without that log. Not onto the host's stderr: its lines
+    // would go around the host's bounded log writer (a stalled stderr would
+    // then stall the module, and its health checks) and mix unlabelled with
+    // the host's own.
+    let append = |ext: &str| match session.log_dir.append(&log_name(&spec.name, ext)) {
+        Ok(file) => Stdio::from(file),
+        Err(error) => {
+            tracing::warn!(
+                module = %spec.name,
+                incarnation,
+                %error,
+                "module log file refused; this output of the module is discarded"
+            );
+            Stdio::null()
+        }
     };
     let mut cmd = Command::new(spec.program());
     cmd.args(&spec.args)
@@ -40,8 +53,8 @@ pub(crate) fn spawn_module(
         .env("RAY_DASHD_MODULE", &spec.name)
         .env("RAY_DASHD_INCARNATION", incarnation.to_string())
         .stdin(Stdio::null())
-        .stdout(append("out")?)
-        .stderr(append("err")?)
+        .stdout(append("out"))
+        .stderr(append("err"))
         // Its own group, so that stopping it reaches the processes it starts.
         .process_group(0)
         .kill_on_drop(true);
@@ -68,9 +81,9 @@ fn tie_to_parent(cmd: &mut Command) {
     }
 }
 
-/// `<logs>/dashboard_<name>.<ext>`.
-pub(crate) fn log_path(session: &Session, name: &str, ext: &str) -> std::path::PathBuf {
-    session.logs.join(format!("dashboard_{name}.{ext}"))
+/// `dashboard_<name>.<ext>`: a module's log file in `<session>/logs`.
+pub(crate) fn log_name(name: &str, ext: &str) -> String {
+    format!("dashboard_{name}.{ext}")
 }
 
 /// Sends `signal` to the process group led by `pid`; a group that is gone
@@ -114,10 +127,12 @@ pub(crate) async fn stop_child(
     *exited
 }
 
-/// The last `lines` lines of a log file, for the failure report.
-pub(crate) fn tail(path: &Path, lines: usize) -> String {
+/// The last `lines` lines of a log file in `logs`, for the failure report;
+/// empty when there are none. Opened as it is written, never through a
+/// link: the lines are quoted in the host's log, which other users may read.
+pub(crate) fn tail(logs: &LogDir, name: &str, lines: usize) -> String {
     use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut file) = std::fs::File::open(path) else {
+    let Ok(mut file) = logs.read(name) else {
         return String::new();
     };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);

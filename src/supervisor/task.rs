@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::health::check_health;
-use super::spawn::{log_path, spawn_module, stop_child, tail};
+use super::spawn::{log_name, spawn_module, stop_child, tail};
 use super::state::{Gate, ModuleState};
 use super::ModuleShared;
 use crate::config::Supervision;
@@ -261,11 +261,12 @@ impl ModuleTask {
                     s.record("failed", reason.clone());
                 });
                 let (out, err) = (
-                    log_path(&self.session, &shared.spec.name, "out"),
-                    log_path(&self.session, &shared.spec.name, "err"),
+                    log_name(&shared.spec.name, "out"),
+                    log_name(&shared.spec.name, "err"),
                 );
+                let logs = self.session.log_dir.clone();
                 let (out_tail, err_tail) = tokio::task::spawn_blocking(move || {
-                    (tail(&out, TAIL_LINES), tail(&err, TAIL_LINES))
+                    (tail(&logs, &out, TAIL_LINES), tail(&logs, &err, TAIL_LINES))
                 })
                 .await
                 .unwrap_or_default();

@@ -1,4 +1,4 @@
-//! Logging: `tracing` to stderr and to `<session>/logs/dashboard.log`, each
+//! Logging: `tracing` to stderr and to `<session>/logs/ray-dashd.log`, each
 //! through a bounded queue and a writer thread of its own, so that a stalled
 //! reader of stderr or a slow disk costs log lines, never serving.
 //!
@@ -40,8 +40,10 @@ const DROP_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// The filter when neither `RAY_DASHD_LOG` nor `RUST_LOG` is set.
 const DEFAULT_FILTER: &str = "info";
 
-/// The host's log file in `<session>/logs`.
-const LOG_FILE: &str = "dashboard.log";
+/// The host's log file in `<session>/logs`. Not Ray's `dashboard.log`:
+/// `ray start --include-dashboard=false` still runs Ray's minimal dashboard
+/// head, which writes that file, and no file may have two writers.
+pub const LOG_FILE: &str = "ray-dashd.log";
 
 /// Targets of a notice meant for one writer alone (see [`Drops::check`]).
 /// Under `ray_dashd`, so that the filter treats them as the host's own.
@@ -62,7 +64,7 @@ pub struct LogGuard {
     _stderr: WorkerGuard,
 }
 
-/// Installs the global subscriber. A `dashboard.log` that cannot be opened
+/// Installs the global subscriber. A `ray-dashd.log` that cannot be opened
 /// safely (a link, say; see [`crate::session::LogDir`]) is not written: the
 /// host logs to stderr only, and says so there once.
 pub fn init(session: &Session) -> LogGuard {
@@ -108,7 +110,7 @@ pub fn init(session: &Session) -> LogGuard {
         .with(file_layer)
         .init();
     if let Some(error) = refused {
-        warn!(%error, "not writing dashboard.log; logging to stderr only");
+        warn!(%error, "not writing {LOG_FILE}; logging to stderr only");
     }
     LogGuard {
         reporter: Reporter::start(drops),
@@ -136,7 +138,7 @@ impl Sink {
     fn name(self) -> &'static str {
         match self {
             Sink::Stderr => "stderr",
-            Sink::File => "dashboard.log",
+            Sink::File => LOG_FILE,
         }
     }
 }

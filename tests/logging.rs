@@ -32,7 +32,7 @@ fn stderr_dropped(log: &str) -> Option<u64> {
 
 /// With stderr on a pipe nobody reads, the host keeps answering its own
 /// routes and the module's while it logs many times what the pipe holds.
-/// `dashboard.log` says that stderr drops lines; once the pipe is read
+/// `ray-dashd.log` says that stderr drops lines; once the pipe is read
 /// again, stderr says so too. A SIGTERM then still gets the last lines out.
 #[tokio::test]
 async fn a_stalled_stderr_costs_log_lines_not_serving() {
@@ -60,14 +60,14 @@ async fn a_stalled_stderr_costs_log_lines_not_serving() {
         assert_eq!(response.status(), 200, "request {i} ({url:.60})");
     }
 
-    let log_file = d.session().join("logs/dashboard.log");
+    let log_file = d.session().join("logs/ray-dashd.log");
     let in_file = eventually(WAIT, || async {
         stderr_dropped(&std::fs::read_to_string(&log_file).ok()?)
     })
     .await;
     assert!(
         in_file.is_some_and(|n| n > 0),
-        "dashboard.log does not report stderr's dropped lines"
+        "ray-dashd.log does not report stderr's dropped lines"
     );
 
     d.resume_stderr();
@@ -145,7 +145,7 @@ async fn a_linked_module_log_is_refused_and_the_module_still_runs() {
     })
     .await;
     assert!(failed.is_some(), "no failure report:\n{}", d.log());
-    let host_log = std::fs::read_to_string(session.join("logs/dashboard.log")).expect("host log");
+    let host_log = std::fs::read_to_string(session.join("logs/ray-dashd.log")).expect("host log");
     let modules = client()
         .get(d.url("/api/modules"))
         .send()
@@ -156,7 +156,7 @@ async fn a_linked_module_log_is_refused_and_the_module_still_runs() {
         .expect("body");
     for (what, text) in [
         ("stderr", d.log()),
-        ("dashboard.log", host_log),
+        ("ray-dashd.log", host_log),
         ("/api/modules", modules),
     ] {
         assert!(
@@ -170,7 +170,7 @@ async fn a_linked_module_log_is_refused_and_the_module_still_runs() {
     );
 }
 
-/// `logs/dashboard.log` is a link: the host does not write through it,
+/// `logs/ray-dashd.log` is a link: the host does not write through it,
 /// logs to stderr only and says why there, and serves as usual.
 #[tokio::test]
 async fn a_linked_dashboard_log_is_refused() {
@@ -178,7 +178,7 @@ async fn a_linked_dashboard_log_is_refused() {
         .prefix("rd")
         .tempdir()
         .expect("tempdir");
-    let (session, outside) = session_with_linked_log(tmp.path(), "dashboard.log");
+    let (session, outside) = session_with_linked_log(tmp.path(), "ray-dashd.log");
     let d = dashd()
         .module(test_module("tm"))
         .session_dir(&session)
@@ -187,11 +187,11 @@ async fn a_linked_dashboard_log_is_refused() {
     let log = d.log();
     let warning = log
         .lines()
-        .find(|l| l.contains("not writing dashboard.log"))
-        .unwrap_or_else(|| panic!("no warning about dashboard.log:\n{log}"));
+        .find(|l| l.contains("not writing ray-dashd.log"))
+        .unwrap_or_else(|| panic!("no warning about ray-dashd.log:\n{log}"));
     assert!(
         warning.contains("WARN")
-            && warning.contains("logs/dashboard.log")
+            && warning.contains("logs/ray-dashd.log")
             && warning.contains("symbolic link"),
         "{warning}"
     );

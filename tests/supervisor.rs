@@ -415,7 +415,7 @@ async fn module_gets_contract_env_and_log_files() {
         err.contains("test-module stderr line incarnation=1"),
         "{err}"
     );
-    let host_log = std::fs::read_to_string(logs.join("dashboard.log")).expect("host log");
+    let host_log = std::fs::read_to_string(logs.join("ray-dashd.log")).expect("host log");
     assert!(host_log.contains("module failed"), "{host_log}");
     // The failure report quotes the module's last stderr lines.
     let report_line = host_log

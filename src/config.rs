@@ -55,6 +55,12 @@ pub struct ServerSettings {
     /// Threads of the async runtime; 1 runs everything on one thread, the
     /// cheapest per request when the modules behind need the other cores.
     pub worker_threads: usize,
+    /// Host names (lowercase, no port) answered besides loopback ones; when
+    /// set, `Host` is checked whatever address is bound (see [`crate::guard`]).
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`, lowercase, no default port) whose
+    /// pages may open websockets and send writes besides this server's own.
+    pub allowed_origins: Vec<String>,
 }
 
 /// One module: how to start it, how to supervise it and which routes it serves.
@@ -184,6 +190,8 @@ struct RawServer {
     http_response_timeout_secs: Option<f64>,
     shutdown_grace_secs: Option<f64>,
     worker_threads: Option<usize>,
+    allowed_hosts: Option<Vec<String>>,
+    allowed_origins: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -374,6 +382,16 @@ impl Validator<'_> {
                 Some(0) => return Err(self.invalid("server.worker_threads", "must be at least 1")),
                 Some(n) => n,
             },
+            allowed_hosts: self.list(
+                "server.allowed_hosts",
+                s.allowed_hosts,
+                crate::guard::allowed_host,
+            )?,
+            allowed_origins: self.list(
+                "server.allowed_origins",
+                s.allowed_origins,
+                crate::guard::allowed_origin,
+            )?,
         };
 
         let modules = self.modules(raw.modules, &defaults, &[])?;
@@ -518,6 +536,24 @@ impl Validator<'_> {
         }
 
         Ok(modules)
+    }
+
+    /// Checks each entry of the list `field` with `check`, which gives the
+    /// entry's normal form or its problem.
+    fn list(
+        &self,
+        field: &str,
+        entries: Option<Vec<String>>,
+        check: impl Fn(&str) -> Result<String, String>,
+    ) -> Result<Vec<String>, ConfigError> {
+        let mut checked: Vec<String> = Vec::new();
+        for (i, entry) in entries.unwrap_or_default().iter().enumerate() {
+            let normal = check(entry).map_err(|p| self.invalid(format!("{field}[{i}]"), p))?;
+            if !checked.contains(&normal) {
+                checked.push(normal);
+            }
+        }
+        Ok(checked)
     }
 
     fn secs(

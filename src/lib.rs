@@ -8,6 +8,8 @@
 //! - [`supervisor`]: one task per module; spawn, health-check, restart.
 //! - [`proxy`] and [`routes`]: forwarding module routes over Unix sockets.
 //! - [`server`]: the host's own routes, the UI, the accept loop.
+//! - [`guard`]: which requests are answered at all (`Host`, `Origin`),
+//!   against DNS rebinding and cross-site websockets and writes.
 //! - [`ray`]: Ray's own dashboard modules, when the session is a Ray head,
 //!   and what Ray's dashboard parent serves itself (token auth, GCS check).
 //! - [`shutdown`] and [`logging`]: signals and tracing.
@@ -15,6 +17,7 @@
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod guard;
 pub mod logging;
 pub mod proxy;
 pub mod ray;
@@ -150,11 +153,17 @@ pub async fn run(
         supervisor.modules().to_vec(),
         config.server.clone(),
     ));
-    let service = server::Dispatch::new(AppState {
-        supervisor: Arc::clone(&supervisor),
-        proxy,
-        ray: ray.map(Arc::new),
-    });
+    // The address actually bound decides whether Host is checked.
+    let bound = listener.local_addr().map_or(config.host, |a| a.ip());
+    let guard = guard::Guard::new(&config.server, bound, ray.is_some());
+    let service = server::Dispatch::new(
+        AppState {
+            supervisor: Arc::clone(&supervisor),
+            proxy,
+            ray: ray.map(Arc::new),
+        },
+        guard,
+    );
     info!(
         addr = %local,
         session = %session.dir.display(),

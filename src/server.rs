@@ -26,6 +26,7 @@ use tower_http::trace::TraceLayer;
 use tracing::{debug, info, warn};
 
 use crate::config::ServerSettings;
+use crate::guard::{Guard, Refusal};
 use crate::proxy::Proxy;
 use crate::ray::{self, auth, RayParent};
 use crate::routes::Lookup;
@@ -129,14 +130,8 @@ async fn show_module(State(state): State<AppState>, Path(name): Path<String>) ->
     }
 }
 
-async fn restart_module(
-    State(state): State<AppState>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Some(refused) = refuse_cross_origin(&headers) {
-        return refused;
-    }
+async fn restart_module(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+    // A page of another origin was refused by the guard before this ran.
     let Some(module) = state.supervisor.get(&name) else {
         return unknown_module(&name);
     };
@@ -155,28 +150,6 @@ async fn restart_module(
         });
         (StatusCode::CONFLICT, Json(body)).into_response()
     }
-}
-
-/// A page from another origin must not restart modules: a browser names
-/// the page's origin in `Origin` on every POST (RFC 6454 §7), and it must
-/// then be this host. Tools that send no `Origin` (curl, scripts) pass.
-fn refuse_cross_origin(headers: &HeaderMap) -> Option<Response> {
-    let origin = headers.get(header::ORIGIN)?.to_str().unwrap_or("");
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("");
-    let origin_host = origin
-        .split_once("://")
-        .map_or("", |(_, rest)| rest.trim_end_matches('/'));
-    if !host.is_empty() && origin_host.eq_ignore_ascii_case(host) {
-        return None;
-    }
-    let body = serde_json::json!({
-        "error": "Forbidden",
-        "message": format!("requests from origin {origin:?} may not change modules"),
-    });
-    Some((StatusCode::FORBIDDEN, Json(body)).into_response())
 }
 
 fn unknown_module(name: &str) -> Response {
@@ -259,9 +232,9 @@ fn hex(bytes: &[u8]) -> String {
 pub struct Dispatch {
     proxy: Arc<Proxy>,
     router: Router,
-    /// Refuse writes from browsers, as Ray's dashboard does (on when Ray's
-    /// modules are hosted).
-    browser_guard: bool,
+    /// Which requests are answered at all (Host, Origin; Ray's browser
+    /// rule when Ray's modules are hosted).
+    guard: Arc<Guard>,
     /// Ray's token, when Ray's modules are hosted and its token
     /// authentication is on: every request but the public ones must bear it.
     token: Option<auth::Token>,
@@ -269,14 +242,38 @@ pub struct Dispatch {
 
 impl Dispatch {
     /// Serves `state`'s module routes through the proxy and the rest through
-    /// [`router`].
-    pub fn new(state: AppState) -> Dispatch {
+    /// [`router`], what `guard` admits of either.
+    pub fn new(state: AppState, guard: Guard) -> Dispatch {
         Dispatch {
             proxy: Arc::clone(&state.proxy),
-            browser_guard: state.ray.is_some(),
+            guard: Arc::new(guard),
             token: state.ray.as_ref().and_then(|ray| ray.token.clone()),
             router: router(state),
         }
+    }
+
+    /// Runs the guard and Ray's token check, on the host's routes and the
+    /// module routes alike: the protocol and the host first (a request for
+    /// another host is for no route here), then, in Ray's order, the token,
+    /// then the browser and origin rules. `None` when `request` may pass.
+    fn refuse(&self, request: &Request<Body>) -> Option<Response> {
+        let refused = |refusal: Refusal| {
+            debug!(%refusal, method = %request.method(), path = request.uri().path(), "request refused");
+            Some(refusal.into_response())
+        };
+        let host = match self.guard.check_host(request) {
+            Ok(host) => host,
+            Err(refusal) => return refused(refusal),
+        };
+        if let Some(token) = &self.token {
+            if let Some(response) = auth::refuse_unauthenticated(token, request) {
+                return Some(response);
+            }
+        }
+        self.guard
+            .check_origin(request, host)
+            .err()
+            .and_then(refused)
     }
 }
 
@@ -287,16 +284,8 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let request = request.map(Body::new);
-        // Ray's order: the token first, then the browser check.
-        if let Some(token) = &self.token {
-            if let Some(refused) = auth::refuse_unauthenticated(token, &request) {
-                return Box::pin(async move { Ok(refused) });
-            }
-        }
-        if self.browser_guard {
-            if let Some(refused) = refuse_browser_write(&request) {
-                return Box::pin(async move { Ok(refused) });
-            }
+        if let Some(refused) = self.refuse(&request) {
+            return Box::pin(async move { Ok(refused) });
         }
         let lookup = self.proxy.lookup(&request);
         if lookup == Lookup::NotFound {
@@ -306,47 +295,6 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
         let proxy = Arc::clone(&self.proxy);
         Box::pin(async move { Ok(forward(&proxy, lookup, request).await) })
     }
-}
-
-/// Headers only browsers send (RFC 6454 `Origin`, the Fetch standard's
-/// `Sec-Fetch-*` and CORS preflight headers) or that browsers send on every
-/// request (`Referer`).
-const BROWSER_HEADERS: [&str; 8] = [
-    "referer",
-    "origin",
-    "sec-fetch-mode",
-    "sec-fetch-dest",
-    "sec-fetch-site",
-    "sec-fetch-user",
-    "access-control-request-method",
-    "access-control-request-headers",
-];
-
-/// Paths a browser may write to: the login form Ray's UI posts, and this
-/// host's own restart action, which its UI posts.
-fn browser_may_write(path: &str) -> bool {
-    path == "/api/authenticate" || (path.starts_with("/api/modules/") && path.ends_with("/restart"))
-}
-
-/// Ray's dashboard answers a request that looks like a browser's with 405
-/// unless it is GET, HEAD or OPTIONS: a page from elsewhere (or a rebound
-/// DNS name) must not be able to submit jobs. The same here, when Ray's
-/// modules are hosted.
-fn refuse_browser_write(request: &Request<Body>) -> Option<Response> {
-    let method = request.method();
-    if method == Method::GET || method == Method::HEAD || method == Method::OPTIONS {
-        return None;
-    }
-    let headers = request.headers();
-    let browser = headers
-        .get(header::USER_AGENT)
-        .is_some_and(|ua| ua.as_bytes().starts_with(b"Mozilla"))
-        || BROWSER_HEADERS.iter().any(|h| headers.contains_key(*h));
-    if !browser || browser_may_write(request.uri().path()) {
-        return None;
-    }
-    let text = format!("'{method}' method not allowed for browser traffic.");
-    Some((StatusCode::METHOD_NOT_ALLOWED, text).into_response())
 }
 
 /// Forwards a request a module route claims; failures become responses.
@@ -435,62 +383,5 @@ pub async fn serve(
         _ = tokio::time::sleep(settings.shutdown_grace) => {
             warn!(grace_ms = settings.shutdown_grace.as_millis() as u64, "drain timed out");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(method: Method, path: &str, headers: &[(&str, &str)]) -> Request<Body> {
-        let mut builder = Request::builder().method(method).uri(path);
-        for (name, value) in headers {
-            builder = builder.header(*name, *value);
-        }
-        builder.body(Body::empty()).expect("request")
-    }
-
-    #[test]
-    fn restart_from_another_origin_is_refused() {
-        let mut same = HeaderMap::new();
-        same.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8265"));
-        same.insert(
-            header::ORIGIN,
-            HeaderValue::from_static("http://127.0.0.1:8265"),
-        );
-        assert!(refuse_cross_origin(&same).is_none());
-        let mut cli = HeaderMap::new();
-        cli.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8265"));
-        assert!(refuse_cross_origin(&cli).is_none());
-        let mut other = cli.clone();
-        other.insert(
-            header::ORIGIN,
-            HeaderValue::from_static("http://evil.example"),
-        );
-        let refused = refuse_cross_origin(&other).expect("refused");
-        assert_eq!(refused.status(), StatusCode::FORBIDDEN);
-        let mut opaque = cli.clone();
-        opaque.insert(header::ORIGIN, HeaderValue::from_static("null"));
-        assert!(refuse_cross_origin(&opaque).is_some());
-    }
-
-    #[test]
-    fn browser_writes_are_refused_other_traffic_passes() {
-        let mozilla = [("user-agent", "Mozilla/5.0")];
-        let refused =
-            refuse_browser_write(&request(Method::POST, "/api/jobs/", &mozilla)).expect("refused");
-        assert_eq!(refused.status(), StatusCode::METHOD_NOT_ALLOWED);
-        for header in BROWSER_HEADERS {
-            let r = request(Method::DELETE, "/api/jobs/x", &[(header, "x")]);
-            assert!(refuse_browser_write(&r).is_some(), "{header}");
-        }
-        let cli = [("user-agent", "python-requests/2.32")];
-        assert!(refuse_browser_write(&request(Method::POST, "/api/jobs/", &cli)).is_none());
-        assert!(refuse_browser_write(&request(Method::GET, "/api/jobs/", &mozilla)).is_none());
-        assert!(refuse_browser_write(&request(Method::OPTIONS, "/api/jobs/", &mozilla)).is_none());
-        let login = request(Method::POST, "/api/authenticate", &mozilla);
-        assert!(refuse_browser_write(&login).is_none());
-        let restart = request(Method::POST, "/api/modules/JobHead/restart", &mozilla);
-        assert!(refuse_browser_write(&restart).is_none());
     }
 }

@@ -179,3 +179,43 @@ fn config_route_shadowing_a_host_path_is_refused() {
         assert!(err.contains("/api/healthz"), "{err}");
     }
 }
+
+/// `server.allowed_hosts` and `server.allowed_origins` are checked, shown in
+/// their normal form by `--check-config`, and a bad entry exits 64 naming
+/// the file, the entry and the problem.
+#[test]
+fn config_allow_lists_are_checked_and_shown() {
+    let out = check_config(
+        "allow.toml",
+        "[server]\nallowed_hosts = [\"Dash.Example.com\"]\nallowed_origins = [\"HTTPS://Dash.Example.com:443\"]\n",
+    );
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(shown.contains("allowed_hosts: ["), "{shown}");
+    assert!(shown.contains("\"dash.example.com\""), "{shown}");
+    assert!(shown.contains("\"https://dash.example.com\""), "{shown}");
+    assert!(!shown.contains("Dash"), "{shown}");
+    for (text, field, problem) in [
+        (
+            "[server]\nallowed_hosts = [\"dash.example.com:8265\"]\n",
+            "server.allowed_hosts[0]",
+            "every port is admitted",
+        ),
+        (
+            "[server]\nallowed_origins = [\"*\"]\n",
+            "server.allowed_origins[0]",
+            "list each origin",
+        ),
+    ] {
+        let out = check_config("allow.toml", text);
+        assert_eq!(out.status.code(), Some(64));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("allow.toml"), "{err}");
+        assert!(err.contains(&format!(": {field}: ")), "{err}");
+        assert!(err.contains(problem), "{err}");
+    }
+}

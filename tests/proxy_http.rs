@@ -6,20 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{client, dashd, eventually, test_module, WAIT};
-
-/// Sends `request` as raw bytes and returns the raw response head and body
-/// (the server closes the connection: the request says `Connection: close`).
-fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    stream.write_all(request).expect("write");
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    String::from_utf8_lossy(&response).into_owned()
-}
+use crate::support::{client, dashd, eventually, raw_exchange, test_module, WAIT};
 
 fn header_names(echo: &Value) -> Vec<String> {
     echo["headers"]
@@ -75,7 +62,7 @@ async fn forwards_method_path_query_and_body_exactly() {
 async fn strips_hop_by_hop_request_headers() {
     let d = dashd().module(test_module("tm")).start();
     d.healthy("tm", 0).await;
-    let request = "GET /test/echo HTTP/1.1\r\nHost: example\r\n\
+    let request = "GET /test/echo HTTP/1.1\r\nHost: localhost\r\n\
         Connection: close, X-Hop-Req\r\nX-Hop-Req: secret\r\nKeep-Alive: timeout=5\r\n\
         Proxy-Authorization: Basic Zm9vOmJhcg==\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\n\
         Trailer: X-Trail\r\nUpgrade: h2c\r\nX-End-To-End: kept\r\n\r\n";
@@ -269,7 +256,7 @@ async fn client_connections_have_a_tcp_keepalive() {
     let mut idle = TcpStream::connect(d.addr()).expect("connect");
     idle.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
-    idle.write_all(b"GET /api/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    idle.write_all(b"GET /api/healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .expect("request");
     let mut head = [0u8; 12];
     idle.read_exact(&mut head).expect("response");
@@ -321,7 +308,7 @@ async fn default_body_limit_is_100_mib() {
     let d = dashd().module(test_module("tm")).start();
     d.healthy("tm", 0).await;
     let request = format!(
-        "POST /test/body HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        "POST /test/body HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
         100 * 1024 * 1024 + 1
     );
     let response = raw_exchange(d.addr(), request.as_bytes());
@@ -427,7 +414,7 @@ async fn oversized_request_head_is_refused() {
         format!("X-Big: {}", "a".repeat(32 * 1024)),
         format!("X-Pad:{}x", " ".repeat(32 * 1024)),
     ] {
-        let request = format!("GET /test/echo HTTP/1.1\r\nHost: x\r\n{big}\r\n\r\n");
+        let request = format!("GET /test/echo HTTP/1.1\r\nHost: localhost\r\n{big}\r\n\r\n");
         let response = raw_exchange(d.addr(), request.as_bytes());
         assert!(response.starts_with("HTTP/1.1 431"), "{response}");
     }

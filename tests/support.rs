@@ -445,6 +445,19 @@ pub fn client() -> reqwest::Client {
         .expect("reqwest client")
 }
 
+/// Sends `request` as raw bytes and returns the raw response head and body
+/// (the server closes the connection: the request says `Connection: close`).
+pub fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    std::io::Write::write_all(&mut stream, request).expect("write");
+    let mut response = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut stream, &mut response);
+    String::from_utf8_lossy(&response).into_owned()
+}
+
 /// Polls `probe` every 20 ms until it returns `Some`, at most for `within`.
 pub async fn eventually<T, F, Fut>(within: Duration, mut probe: F) -> Option<T>
 where

@@ -9,6 +9,7 @@ mod support;
 mod cli;
 mod client_proxy;
 mod fork_shim;
+mod guard;
 mod logging;
 mod proxy_http;
 mod proxy_stream;

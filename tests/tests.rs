@@ -9,6 +9,7 @@ mod support;
 mod cli;
 mod client_proxy;
 mod fork_shim;
+mod module_connections;
 mod proxy_http;
 mod proxy_stream;
 mod proxy_ws;

@@ -80,7 +80,7 @@ pub struct ModuleSpec {
     pub supervision: Supervision,
 }
 
-/// Health and restart settings of one module.
+/// Health, restart and connection settings of one module.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Supervision {
     /// How long a new incarnation may take to answer `/api/healthz` with 200.
@@ -99,6 +99,47 @@ pub struct Supervision {
     pub stable_after: Duration,
     /// Time between SIGTERM and SIGKILL when the module is stopped.
     pub stop_grace: Duration,
+    /// Most connections open to one incarnation at once (idle ones, and
+    /// those a stream or websocket holds, included); at least 1.
+    pub max_connections: usize,
+    /// Most requests waiting for a connection when all are in use; more
+    /// get 503. 0: none wait.
+    pub max_queued_requests: usize,
+}
+
+/// Connections per module when the config names no number: Ray's own
+/// dashboard parent opens at most 100 per module (aiohttp's connector
+/// limit), so Ray's modules are used to that much concurrency; and it is
+/// below the listen backlog of 128 that aiohttp (and so every Ray module)
+/// sets, so the host alone can never fill a module's backlog, where a
+/// connect fails at once with EAGAIN.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 100;
+
+/// Requests that may wait for a connection per module when the config names
+/// no number: ten times the default connections, so a burst of a thousand
+/// (a dashboard page fanning out, a script in a loop) waits instead of
+/// being refused, while a module that has stopped keeping up has new
+/// requests refused at once rather than waiting out their deadline.
+pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 1000;
+
+impl Supervision {
+    /// The limits of the connection pool of each incarnation.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: self.max_connections,
+            max_queued: self.max_queued_requests,
+        }
+    }
+}
+
+/// How many connections one incarnation's pool opens, and how many
+/// requests may wait for one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Most connections open at once; at least 1.
+    pub max_connections: usize,
+    /// Most requests waiting for a connection.
+    pub max_queued: usize,
 }
 
 impl Default for Supervision {
@@ -112,6 +153,8 @@ impl Default for Supervision {
             backoff_max: Duration::from_secs(30),
             stable_after: Duration::from_secs(30),
             stop_grace: Duration::from_secs(2),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
         }
     }
 }
@@ -205,6 +248,8 @@ struct RawSupervision {
     backoff_max_secs: Option<f64>,
     stable_after_secs: Option<f64>,
     stop_grace_secs: Option<f64>,
+    max_connections: Option<usize>,
+    max_queued_requests: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -613,6 +658,8 @@ impl Validator<'_> {
                 base.stable_after,
             )?,
             stop_grace: self.secs(&f("stop_grace_secs"), raw.stop_grace_secs, base.stop_grace)?,
+            max_connections: raw.max_connections.unwrap_or(base.max_connections),
+            max_queued_requests: raw.max_queued_requests.unwrap_or(base.max_queued_requests),
         };
         // A zero backoff or stable-after time would restart a failing module
         // at once, again and again.
@@ -630,6 +677,11 @@ impl Validator<'_> {
         }
         if s.failure_threshold == 0 {
             return Err(self.invalid(f("failure_threshold"), "must be at least 1"));
+        }
+        // No connection at all would leave every request waiting out its
+        // deadline.
+        if s.max_connections == 0 {
+            return Err(self.invalid(f("max_connections"), "must be at least 1"));
         }
         if s.backoff_max < s.backoff_initial {
             return Err(self.invalid(
@@ -1089,6 +1141,59 @@ supervision = { health_timeout_secs = 0.25 }
         assert_eq!(s.failure_threshold, 5);
         assert_eq!(s.health_timeout, Duration::from_millis(250));
         assert_eq!(s.health_interval, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn connection_limits_default_and_are_overridden_per_module() {
+        let c = load("[[modules]]\nname = \"a\"\ncommand = [\"x\"]\n").expect("valid");
+        let limits = c.modules[0].supervision.connection_limits();
+        assert_eq!(limits.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(limits.max_queued, DEFAULT_MAX_QUEUED_REQUESTS);
+        let text = r#"
+[module_defaults]
+max_connections = 10
+max_queued_requests = 0
+[[modules]]
+name = "a"
+command = ["x"]
+[[modules]]
+name = "b"
+command = ["x"]
+supervision = { max_connections = 2 }
+"#;
+        let c = load(text).expect("valid");
+        let a = c.modules[0].supervision.connection_limits();
+        let b = c.modules[1].supervision.connection_limits();
+        assert_eq!((a.max_connections, a.max_queued), (10, 0));
+        assert_eq!((b.max_connections, b.max_queued), (2, 0));
+    }
+
+    #[test]
+    fn bad_connection_limits_name_file_field_and_problem() {
+        let msg = load("[module_defaults]\nmax_connections = 0\n")
+            .expect_err("zero")
+            .to_string();
+        assert_eq!(
+            msg,
+            "config test.toml: module_defaults.max_connections: must be at least 1"
+        );
+        let msg = load(
+            "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nsupervision = { max_connections = 0 }\n",
+        )
+        .expect_err("zero")
+        .to_string();
+        assert_eq!(
+            msg,
+            "config test.toml: modules[0].supervision.max_connections: must be at least 1"
+        );
+        let msg = load("[module_defaults]\nmax_queued_requests = -1\n")
+            .expect_err("negative")
+            .to_string();
+        assert!(
+            msg.starts_with("config test.toml: module_defaults.max_queued_requests: ")
+                && msg.contains("line 2"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -83,6 +83,11 @@ impl StartupError {
     }
 }
 
+/// What a 503 for a module whose connections and queue are all taken asks
+/// the client to wait: a queue drains in well under a second when the
+/// module keeps up, and a client that comes back sooner finds it as full.
+const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// Why a request could not be forwarded to a module.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -120,6 +125,28 @@ pub enum ProxyError {
         /// What happened.
         reason: String,
     },
+    /// Every connection to the module is in use and as many requests as
+    /// may wait for one already do.
+    #[error("module {module} is busy: all {connections} connections in use and {queued} requests waiting for one; try again later")]
+    Busy {
+        /// The module's name.
+        module: String,
+        /// Its connections in use (its `max_connections`).
+        connections: usize,
+        /// Requests waiting (its `max_queued_requests`).
+        queued: usize,
+    },
+    /// The request waited for a free connection to the module until its
+    /// deadline.
+    #[error("module {module} had no free connection within {after:?}: all {connections} in use")]
+    NoConnection {
+        /// The module's name.
+        module: String,
+        /// The deadline that passed.
+        after: Duration,
+        /// Its connections in use (its `max_connections`).
+        connections: usize,
+    },
     /// The module did not start its response in time.
     #[error("module {module} did not answer within {after:?}")]
     Timeout {
@@ -141,25 +168,35 @@ impl ProxyError {
         match self {
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::NotReady { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NotReady { .. } | ProxyError::Busy { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Timeout { .. } | ProxyError::NoConnection { .. } => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 
-    /// Whether a module broke an exchange it had accepted (502, 504): worth a
-    /// log line. A module not ready is already in its status and log.
+    /// Whether a module broke an exchange it had accepted, or could not
+    /// keep up with its requests (502, 504, 503 busy): worth a log line. A
+    /// module not ready is already in its status and log.
     pub fn is_upstream(&self) -> bool {
         matches!(
             self,
-            ProxyError::Upstream { .. } | ProxyError::Timeout { .. }
+            ProxyError::Upstream { .. }
+                | ProxyError::Timeout { .. }
+                | ProxyError::Busy { .. }
+                | ProxyError::NoConnection { .. }
         )
     }
 
     fn module(&self) -> Option<&str> {
         match self {
             ProxyError::NotReady { module, .. }
+            | ProxyError::Busy { module, .. }
+            | ProxyError::NoConnection { module, .. }
             | ProxyError::Upstream { module, .. }
             | ProxyError::Timeout { module, .. } => Some(module),
             _ => None,
@@ -177,19 +214,52 @@ impl IntoResponse for ProxyError {
         });
         let mut response = (status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
-        match &self {
-            ProxyError::NotReady { retry_after, .. } => {
-                let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
-                headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        let retry_after = match &self {
+            ProxyError::NotReady { retry_after, .. } => Some(*retry_after),
+            ProxyError::Busy { .. } => Some(BUSY_RETRY_AFTER),
+            _ => None,
+        };
+        if let Some(retry_after) = retry_after {
+            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let ProxyError::MethodNotAllowed { allow, .. } = &self {
+            if let Ok(value) = HeaderValue::from_str(allow) {
+                headers.insert(header::ALLOW, value);
             }
-            ProxyError::MethodNotAllowed { allow, .. } => {
-                if let Ok(value) = HeaderValue::from_str(allow) {
-                    headers.insert(header::ALLOW, value);
-                }
-            }
-            _ => {}
         }
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full queue is 503 with `Retry-After`; a request that waited out
+    /// its deadline for a connection is 504; both name the module.
+    #[test]
+    fn a_busy_module_is_503_with_retry_after_and_no_connection_504() {
+        let busy = ProxyError::Busy {
+            module: "echo".to_owned(),
+            connections: 100,
+            queued: 1000,
+        }
+        .into_response();
+        assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(busy.headers()[header::RETRY_AFTER], "1");
+        let waited = ProxyError::NoConnection {
+            module: "echo".to_owned(),
+            after: Duration::from_secs(300),
+            connections: 100,
+        };
+        assert_eq!(
+            waited.to_string(),
+            "module echo had no free connection within 300s: all 100 in use"
+        );
+        let waited = waited.into_response();
+        assert_eq!(waited.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert!(!waited.headers().contains_key(header::RETRY_AFTER));
     }
 }

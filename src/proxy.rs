@@ -23,8 +23,9 @@ use crate::supervisor::{Gate, ModuleHandle};
 
 pub(crate) use body::CancelableBody;
 pub(crate) use headers::strip_hop_by_hop;
-pub use pool::ModulePool;
+use pool::PoolError;
 pub(crate) use pool::PooledBody;
+pub use pool::{ConnectionStats, ModulePool};
 
 /// An error and its causes, joined with `: `.
 pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
@@ -134,7 +135,7 @@ impl Proxy {
             RouteKind::Http => Some(self.settings.http_response_timeout),
             RouteKind::Stream | RouteKind::Websocket => None,
         };
-        let response = send(module, &gate, upstream, deadline, limit).await?;
+        let response = send(module, &gate, upstream, deadline, &self.settings).await?;
         Ok(downstream_response(module, &gate, response))
     }
 }
@@ -181,20 +182,27 @@ fn downstream_response(
 }
 
 /// Sends `request` and waits for the response head, bounded by `deadline`
-/// and by the incarnation's health. `body_limit` is the limit its body was
-/// wrapped in, named in the 413 when the body broke it.
+/// and by the incarnation's health. The wait for a free connection counts
+/// within `deadline`; a request without one (a stream) may wait for a
+/// connection as long as an `http` route's answer. The 413 for a body over
+/// the limit names `settings.max_request_body_bytes`, the limit it was
+/// wrapped in.
 async fn send(
     module: &ModuleHandle,
     gate: &Gate,
     request: Request<Body>,
     deadline: Option<Duration>,
-    body_limit: u64,
+    settings: &ServerSettings,
 ) -> Result<http::Response<PooledBody>, ProxyError> {
     let name = module.name();
-    let exchange = gate.client.send(request);
+    let started = tokio::time::Instant::now();
+    let queue_wait = deadline.unwrap_or(settings.http_response_timeout);
+    // The queue's deadline and the answer's are the same instant, so a
+    // request that waited its whole deadline for a connection is told so.
+    let exchange = gate.client.send(request, started + queue_wait);
     let bounded = async {
         match deadline {
-            Some(after) => tokio::time::timeout(after, exchange)
+            Some(after) => tokio::time::timeout_at(started + after, exchange)
                 .await
                 .map_err(|_| after),
             None => Ok(exchange.await),
@@ -212,9 +220,22 @@ async fn send(
     };
     match result {
         Ok(Ok(response)) => Ok(response),
-        Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => {
-            Err(ProxyError::BodyTooLarge { limit: body_limit })
-        }
+        Ok(Err(PoolError::Busy {
+            connections,
+            queued,
+        })) => Err(ProxyError::Busy {
+            module: name.to_owned(),
+            connections,
+            queued,
+        }),
+        Ok(Err(PoolError::Waited { connections })) => Err(ProxyError::NoConnection {
+            module: name.to_owned(),
+            after: queue_wait,
+            connections,
+        }),
+        Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => Err(ProxyError::BodyTooLarge {
+            limit: settings.max_request_body_bytes,
+        }),
         Ok(Err(e)) => Err(ProxyError::Upstream {
             module: name.to_owned(),
             reason: error_chain(&e),

@@ -34,6 +34,7 @@ use tracing::Instrument;
 
 use crate::config::ModuleSpec;
 use crate::error::ProxyError;
+use crate::proxy::ConnectionStats;
 use crate::session::Session;
 
 pub(crate) use state::Gate;
@@ -134,6 +135,10 @@ impl ModuleHandle {
             last_health_at_ms: s.last_health_at.map(epoch_ms),
             backoff_ms: s.backoff.map(|d| d.as_millis() as u64),
             next_start_at_ms: s.next_start_at.map(epoch_ms),
+            connections: s.gate.as_ref().map_or_else(
+                || ConnectionStats::none(spec.supervision.connection_limits()),
+                |gate| gate.client.stats(),
+            ),
             socket: self.shared.socket.display().to_string(),
             command: std::iter::once(spec.program.clone())
                 .chain(spec.args.iter().cloned())
@@ -183,6 +188,9 @@ pub struct ModuleReport {
     pub backoff_ms: Option<u64>,
     /// While backing off: when the next incarnation starts.
     pub next_start_at_ms: Option<u64>,
+    /// Its connections now: open, idle, requests waiting for one, and the
+    /// limits (all zero but the limits without a healthy incarnation).
+    pub connections: ConnectionStats,
     /// The Unix socket it serves on.
     pub socket: String,
     /// Its command line.

@@ -11,6 +11,7 @@ mod client_proxy;
 mod fork_shim;
 mod guard;
 mod logging;
+mod module_connections;
 mod proxy_http;
 mod proxy_stream;
 mod proxy_ws;

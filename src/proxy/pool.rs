@@ -1,5 +1,6 @@
 //! The connections to one incarnation of a module: HTTP/1.1 over its Unix
-//! socket, each reused once the response on it has ended.
+//! socket, each reused once the response on it has ended, at most
+//! `max_connections` of them.
 //!
 //! A pool serves exactly one socket and one incarnation, so it needs no
 //! keys, no hashing and no expiry of its own: idle connections sit in a
@@ -23,12 +24,33 @@
 //! that streams while it reads, and a client that sends all before it
 //! reads, would wait on each other). A 101's upgrade, and an upload the
 //! module answered before reading, get a task too.
+//!
+//! # The cap
+//!
+//! A connect to a Unix socket whose listen backlog is full fails at once
+//! with EAGAIN (there is no SYN to resend, as TCP has), and aiohttp listens
+//! with a backlog of 128: with a connection per concurrent request, a burst
+//! of a few hundred had some answered 502. So each open connection holds a
+//! [`Slot`], one of `max_connections`, from before its connect until its
+//! socket is closed: while idle, while in use, while a websocket or an
+//! upload that outlived its answer holds it. A request that finds no idle
+//! connection and no free slot waits in a FIFO queue (at most `max_queued`
+//! long; beyond, [`PoolError::Busy`]) until its deadline
+//! ([`PoolError::Waited`]). A connection given back goes straight to the
+//! oldest waiter, and a slot let go too, so the idle stack holds anything
+//! only while nobody waits. The idle stack, the count and the queue share
+//! the one lock the idle stack always had: taking an idle connection and
+//! giving it back costs what it did before the cap, one short lock each.
+//! Health probes never wait: see [`ModulePool::probe`].
 
+use std::collections::VecDeque;
 use std::future::Future;
+use std::io;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -37,12 +59,26 @@ use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
 use tracing::debug;
 
 use super::module_stream::ModuleStream;
+use crate::config::ConnectionLimits;
 
-/// Most idle connections kept; more are closed when their response ends.
-const MAX_IDLE: usize = 256;
+/// First pause before connecting again when the module's listen backlog was
+/// full; it doubles up to [`CONNECT_RETRY_MAX_PAUSE`].
+const CONNECT_RETRY_FIRST_PAUSE: Duration = Duration::from_millis(1);
+/// Longest pause between two connects to a full backlog.
+const CONNECT_RETRY_MAX_PAUSE: Duration = Duration::from_millis(32);
+/// How long a connect refused with EAGAIN is tried again. An event loop
+/// takes everything pending in its backlog each time it comes round (asyncio
+/// up to the backlog's length at once), so a backlog stays full only while
+/// a handler holds the loop, for milliseconds as a rule; a module that
+/// accepts nothing for a quarter of a second is better answered with a 502
+/// now than waited on.
+const CONNECT_RETRY_BUDGET: Duration = Duration::from_millis(250);
 
 /// Why a request could not be sent.
 #[derive(Debug, thiserror::Error)]
@@ -54,11 +90,53 @@ pub(crate) enum PoolError {
         socket: String,
         /// The cause.
         #[source]
-        source: std::io::Error,
+        source: io::Error,
     },
     /// The exchange failed.
     #[error(transparent)]
     Http(#[from] hyper::Error),
+    /// Every connection is in use and the queue is full.
+    #[error("all {connections} connections in use and {queued} requests queued")]
+    Busy {
+        /// Connections open (the cap).
+        connections: usize,
+        /// Requests waiting.
+        queued: usize,
+    },
+    /// The request waited for a connection until its deadline.
+    #[error("no connection came free in time (all {connections} in use)")]
+    Waited {
+        /// Connections open (the cap).
+        connections: usize,
+    },
+}
+
+/// A pool's numbers now, for `/api/modules`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ConnectionStats {
+    /// The cap: `max_connections`.
+    pub max: usize,
+    /// Connections open (idle, in use, or being opened).
+    pub open: usize,
+    /// Of those, idle.
+    pub idle: usize,
+    /// Requests waiting for a connection.
+    pub queued: usize,
+    /// Most requests that may wait: `max_queued_requests`.
+    pub max_queued: usize,
+}
+
+impl ConnectionStats {
+    /// The numbers of a module with no pool (no healthy incarnation).
+    pub fn none(limits: ConnectionLimits) -> ConnectionStats {
+        ConnectionStats {
+            max: limits.max_connections,
+            open: 0,
+            idle: 0,
+            queued: 0,
+            max_queued: limits.max_queued,
+        }
+    }
 }
 
 /// A cloneable handle to the pool of one incarnation.
@@ -70,15 +148,87 @@ pub struct ModulePool {
 #[derive(Debug)]
 struct Inner {
     socket: PathBuf,
-    idle: Mutex<Vec<Conn>>,
+    limits: ConnectionLimits,
+    state: Mutex<State>,
+}
+
+/// What the pool's lock guards. No [`Conn`] or [`Slot`] may be dropped
+/// while it is held: dropping a slot takes it.
+#[derive(Debug, Default)]
+struct State {
+    /// Connections ready for a request; only while `queue` is empty.
+    idle: Vec<Conn>,
+    /// Slots held: connections open or being opened.
+    open: usize,
+    /// Requests waiting for a connection or a slot, oldest first. Some may
+    /// have given up; their sends fail and the next is tried.
+    queue: VecDeque<oneshot::Sender<Grant>>,
 }
 
 impl Inner {
-    /// The idle connections (a panic elsewhere while they were held leaves
-    /// them as they are: each is checked before use).
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    /// The pool's state (a panic elsewhere while it was held leaves it as
+    /// it is: each idle connection is checked before use).
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Gives a connection or a slot to the oldest request still waiting;
+    /// with none, the connection goes idle and the slot is let go.
+    fn hand_on(&self, mut grant: Grant) {
+        let mut state = self.state();
+        while let Some(waiter) = state.queue.pop_front() {
+            match waiter.send(grant) {
+                Ok(()) => return,
+                // It gave up; the grant comes back whole, nothing dropped.
+                Err(back) => grant = back,
+            }
+        }
+        match grant {
+            Grant::Conn(conn) => state.idle.push(conn),
+            Grant::Slot(mut slot) => {
+                debug_assert!(state.open > 0, "a slot was let go twice");
+                state.open = state.open.saturating_sub(1);
+                // Counted off just above: its drop must not hand it on again.
+                slot.pool = Weak::new();
+            }
+        }
+    }
+}
+
+/// The right to one of the pool's `max_connections` connections, held by
+/// whatever keeps that connection's socket open; dropped, it goes to the
+/// oldest waiting request or back to the count.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pool: Weak<Inner>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let pool = std::mem::take(&mut self.pool);
+        if let Some(inner) = pool.upgrade() {
+            inner.hand_on(Grant::Slot(Slot { pool }));
+        }
+    }
+}
+
+/// What a waiting request is given.
+#[derive(Debug)]
+enum Grant {
+    /// A connection another request has finished with.
+    Conn(Conn),
+    /// A slot let go: open a connection with it.
+    Slot(Slot),
+}
+
+/// What a request gets to send on.
+enum Lease {
+    /// An idle connection (the module may have closed it since).
+    Idle(Conn),
+    /// A slot to open a new connection with.
+    Open(Slot),
+    /// Nothing counted: a connection beyond the cap, for one exchange.
+    Extra,
 }
 
 /// hyper's future that reads and writes one module connection.
@@ -98,6 +248,9 @@ enum Runner {
 struct Conn {
     sender: SendRequest<Body>,
     runner: Runner,
+    /// Its slot while it runs inline (a task running it holds the slot
+    /// itself, until the socket closes); `None` beyond the cap.
+    slot: Option<Slot>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -113,8 +266,13 @@ impl std::fmt::Debug for Conn {
     }
 }
 
-fn spawn_driver(driver: Driver) {
-    tokio::spawn(async move { log_end(driver.await) });
+/// Runs a connection in a task of its own; `slot` is let go once the
+/// connection has closed.
+fn spawn_driver(driver: Driver, slot: Option<Slot>) {
+    tokio::spawn(async move {
+        log_end(driver.await);
+        drop(slot);
+    });
 }
 
 /// Notes how a connection ended, whoever ran it.
@@ -126,7 +284,8 @@ fn log_end(ended: hyper::Result<()>) {
 
 impl Conn {
     /// Lets an inline connection read and write what it can. Once it has
-    /// ended it is never polled again.
+    /// ended it is never polled again. (Its slot stays until the connection
+    /// is dropped: this runs under the pool's lock when pruning.)
     fn drive(&mut self, cx: &mut Context<'_>) {
         if let Runner::Inline(driver) = &mut self.runner {
             if let Poll::Ready(ended) = driver.as_mut().poll(cx) {
@@ -143,10 +302,13 @@ impl Conn {
             && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
     }
 
-    /// Gives the connection a task of its own; it stays usable.
+    /// Gives the connection a task of its own, and its slot with it; it
+    /// stays usable.
     fn detach(&mut self) {
-        if let Runner::Inline(driver) = std::mem::replace(&mut self.runner, Runner::Task) {
-            spawn_driver(driver);
+        if matches!(self.runner, Runner::Inline(_)) {
+            if let Runner::Inline(driver) = std::mem::replace(&mut self.runner, Runner::Task) {
+                spawn_driver(driver, self.slot.take());
+            }
         }
     }
 
@@ -159,27 +321,61 @@ impl Conn {
 }
 
 impl ModulePool {
-    /// A pool of connections to `socket`; none is opened yet.
-    pub fn new(socket: PathBuf) -> ModulePool {
+    /// A pool of at most `limits.max_connections` connections to `socket`;
+    /// none is opened yet.
+    pub fn new(socket: PathBuf, limits: ConnectionLimits) -> ModulePool {
         ModulePool {
             inner: Arc::new(Inner {
                 socket,
-                idle: Mutex::new(Vec::new()),
+                limits,
+                state: Mutex::new(State::default()),
             }),
         }
     }
 
-    /// Sends `request` (origin-form URI) on an idle connection, or a new one.
-    /// A request that an idle connection could not take because the module
-    /// had closed it is sent again on another; nothing is sent twice.
+    /// Sends `request` (origin-form URI) on an idle connection, or a new
+    /// one; with all `max_connections` in use, it waits its turn until
+    /// `until`. A request that an idle connection could not take because
+    /// the module had closed it is sent again on another; nothing is sent
+    /// twice.
     pub(crate) async fn send(
         &self,
+        request: Request<Body>,
+        until: Instant,
+    ) -> Result<Response<PooledBody>, PoolError> {
+        self.exchange(request, Some(until)).await
+    }
+
+    /// Sends a health probe: as [`ModulePool::send`], but never waiting for
+    /// the cap. With every connection in use it opens one more, closed after
+    /// the answer (probes are one at a time, so that is at most one more):
+    /// a module busy with long streams, or a queue of requests, must not
+    /// fail its health checks for it and be restarted.
+    pub(crate) async fn probe(
+        &self,
+        request: Request<Body>,
+    ) -> Result<Response<PooledBody>, PoolError> {
+        self.exchange(request, None).await
+    }
+
+    async fn exchange(
+        &self,
         mut request: Request<Body>,
+        until: Option<Instant>,
     ) -> Result<Response<PooledBody>, PoolError> {
         loop {
-            let (mut conn, reused) = match self.checkout().await {
-                Some(conn) => (conn, true),
-                None => (self.connect().await?, false),
+            let (mut conn, reused, kept) = match self.lease(until).await? {
+                Lease::Idle(mut conn) => {
+                    // One the module closed while it sat idle is seen
+                    // ending when it is polled now, and is let go.
+                    if !std::future::poll_fn(|cx| Poll::Ready(conn.ready(cx))).await {
+                        debug!("pooled connection closed or busy; not reused");
+                        continue;
+                    }
+                    (conn, true, true)
+                }
+                Lease::Open(slot) => (self.connect(Some(slot)).await?, false, true),
+                Lease::Extra => (self.connect(None).await?, false, false),
             };
             if !request.body().is_end_stream() {
                 // An upload: it must not depend on the answer being read.
@@ -194,7 +390,7 @@ impl ModulePool {
             })
             .await;
             match answered {
-                Ok(response) => return Ok(self.attach(response, conn)),
+                Ok(response) => return Ok(self.attach(response, conn, kept)),
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if reused => request = unsent,
                     _ => return Err(PoolError::Http(e.into_error())),
@@ -203,35 +399,109 @@ impl ModulePool {
         }
     }
 
-    /// An idle connection that is ready now. One the module closed while it
-    /// sat here is seen ending when it is polled now, and is let go.
-    async fn checkout(&self) -> Option<Conn> {
+    /// An idle connection, else a slot for a new one, else (with `until`)
+    /// a place in the queue until either comes or `until` passes; without
+    /// `until`, a connection beyond the cap.
+    async fn lease(&self, until: Option<Instant>) -> Result<Lease, PoolError> {
+        let limits = self.inner.limits;
         loop {
-            let mut conn = self.inner.idle().pop()?;
-            if std::future::poll_fn(|cx| Poll::Ready(conn.ready(cx))).await {
-                return Some(conn);
+            let (mut waiting, until) = {
+                let mut state = self.inner.state();
+                if let Some(conn) = state.idle.pop() {
+                    return Ok(Lease::Idle(conn));
+                }
+                if state.open < limits.max_connections {
+                    state.open += 1;
+                    let pool = Arc::downgrade(&self.inner);
+                    return Ok(Lease::Open(Slot { pool }));
+                }
+                let Some(until) = until else {
+                    return Ok(Lease::Extra);
+                };
+                if state.queue.len() >= limits.max_queued {
+                    // Requests that gave up (their client left, their
+                    // deadline passed) keep their place until a grant skips
+                    // them: count only those still waiting.
+                    state.queue.retain(|waiter| !waiter.is_closed());
+                    if state.queue.len() >= limits.max_queued {
+                        return Err(PoolError::Busy {
+                            connections: state.open,
+                            queued: state.queue.len(),
+                        });
+                    }
+                }
+                let (grant, waiting) = oneshot::channel();
+                state.queue.push_back(grant);
+                (waiting, until)
+            };
+            match tokio::time::timeout_at(until, &mut waiting).await {
+                Ok(Ok(Grant::Conn(conn))) => return Ok(Lease::Idle(conn)),
+                Ok(Ok(Grant::Slot(slot))) => return Ok(Lease::Open(slot)),
+                // The sender went without a grant, which only the pool's end
+                // does, and a waiter holds the pool: ask again all the same.
+                Ok(Err(_)) => continue,
+                Err(_elapsed) => {
+                    // A grant sent as the deadline passed goes on to the
+                    // next waiter instead of being dropped (which would close
+                    // a good connection).
+                    waiting.close();
+                    if let Ok(grant) = waiting.try_recv() {
+                        self.inner.hand_on(grant);
+                    }
+                    return Err(PoolError::Waited {
+                        connections: limits.max_connections,
+                    });
+                }
             }
-            debug!("pooled connection closed or busy; not reused");
         }
     }
 
     /// Lets go of the idle connections that the module closed (or that
     /// failed) since they were used. Nothing polls an idle connection, so
-    /// without this one closed by the module would hold its socket until it
-    /// was next checked out. Called on every health check.
+    /// without this one closed by the module would hold its socket (and its
+    /// slot) until it was next checked out. Called on every health check.
     pub(crate) fn prune_idle(&self) {
         let waker = std::task::Waker::noop();
         let mut cx = Context::from_waker(waker);
-        self.inner.idle().retain_mut(|conn| conn.ready(&mut cx));
+        let mut closed = Vec::new();
+        {
+            let mut state = self.inner.state();
+            let mut i = 0;
+            while i < state.idle.len() {
+                if state.idle[i].ready(&mut cx) {
+                    i += 1;
+                } else {
+                    closed.push(state.idle.swap_remove(i));
+                }
+            }
+        }
+        // Dropped here, outside the lock: each gives its slot back, which
+        // takes the lock.
+        drop(closed);
+    }
+
+    /// The pool's numbers now.
+    pub fn stats(&self) -> ConnectionStats {
+        let limits = self.inner.limits;
+        let state = self.inner.state();
+        ConnectionStats {
+            max: limits.max_connections,
+            open: state.open,
+            idle: state.idle.len(),
+            queued: state.queue.iter().filter(|w| !w.is_closed()).count(),
+            max_queued: limits.max_queued,
+        }
     }
 
     #[cfg(test)]
     fn idle_count(&self) -> usize {
-        self.inner.idle().len()
+        self.inner.state().idle.len()
     }
 
-    async fn connect(&self) -> Result<Conn, PoolError> {
-        let stream = ModuleStream::connect(&self.inner.socket)
+    /// Opens a connection, which holds `slot` (`None`: one beyond the cap).
+    async fn connect(&self, slot: Option<Slot>) -> Result<Conn, PoolError> {
+        let stream = self
+            .connect_stream()
             .await
             .map_err(|source| PoolError::Connect {
                 socket: self.inner.socket.display().to_string(),
@@ -243,22 +513,69 @@ impl ModulePool {
         Ok(Conn {
             sender,
             runner: Runner::Inline(Box::pin(connection.with_upgrades())),
+            slot,
         })
     }
 
-    /// Ties `conn` to `response`'s body: it returns to the pool when the
-    /// body ends, and is closed if the body is dropped before.
-    fn attach(&self, response: Response<Incoming>, conn: Conn) -> Response<PooledBody> {
-        let conn = if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+    /// Connects to the socket, again after a short pause while the module's
+    /// listen backlog is full (EAGAIN), for at most
+    /// [`CONNECT_RETRY_BUDGET`]. The cap keeps the host's own connects
+    /// below the backlog a module usually sets; this covers a cap set
+    /// higher, or a module that sets a shorter backlog. A request whose
+    /// incarnation fails meanwhile is dropped, and its retries with it.
+    async fn connect_stream(&self) -> io::Result<ModuleStream> {
+        let mut pause = CONNECT_RETRY_FIRST_PAUSE;
+        let mut waited = Duration::ZERO;
+        loop {
+            match ModuleStream::connect(&self.inner.socket).await {
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock && waited < CONNECT_RETRY_BUDGET =>
+                {
+                    debug!(
+                        socket = %self.inner.socket.display(),
+                        waited_ms = waited.as_millis() as u64,
+                        "module's listen backlog is full; connecting again"
+                    );
+                    tokio::time::sleep(pause).await;
+                    waited += pause;
+                    pause = (pause * 2).min(CONNECT_RETRY_MAX_PAUSE);
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Ties `conn` to `response`'s body: it returns to the pool (when
+    /// `kept`) when the body ends, and is closed if the body is dropped
+    /// before.
+    fn attach(
+        &self,
+        response: Response<Incoming>,
+        mut conn: Conn,
+        kept: bool,
+    ) -> Response<PooledBody> {
+        let (conn, upgrade_slot) = if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             // The connection now belongs to the upgrade, which hyper
-            // completes in the connection future: it runs on its own.
+            // completes in the connection future: it runs on its own. The
+            // upgraded socket is the same connection, so whoever takes it
+            // takes the slot too (a websocket counts until it closes).
+            let slot = conn.slot.take();
             conn.run_alone();
-            None
+            (None, slot)
         } else {
-            Some(conn)
+            (Some(conn), None)
         };
-        let pool = Arc::downgrade(&self.inner);
-        let mut response = response.map(|inner| PooledBody { inner, conn, pool });
+        let pool = if kept {
+            Arc::downgrade(&self.inner)
+        } else {
+            Weak::new()
+        };
+        let mut response = response.map(|inner| PooledBody {
+            inner,
+            conn,
+            pool,
+            upgrade_slot,
+        });
         if response.body().inner.is_end_stream() {
             // Nothing more to read: the connection can go back now, once
             // it has seen its exchange through.
@@ -269,20 +586,16 @@ impl ModulePool {
     }
 }
 
-fn release(inner: &Inner, conn: Conn) {
-    let mut idle = inner.idle();
-    if idle.len() < MAX_IDLE {
-        idle.push(conn);
-    }
-}
-
 /// A module's response body. Polling it runs its connection; the
 /// connection goes back to the pool when the body ends.
 #[derive(Debug)]
 pub(crate) struct PooledBody {
     inner: Incoming,
     conn: Option<Conn>,
+    /// Where the connection goes back to; empty for one beyond the cap.
     pool: Weak<Inner>,
+    /// After a 101: the slot of the upgraded connection.
+    upgrade_slot: Option<Slot>,
 }
 
 impl PooledBody {
@@ -295,11 +608,17 @@ impl PooledBody {
         };
         if conn.ready(cx) {
             if let Some(pool) = self.pool.upgrade() {
-                release(&pool, conn);
+                pool.hand_on(Grant::Conn(conn));
             }
         } else {
             conn.run_alone();
         }
+    }
+
+    /// After a 101: the slot of the upgraded connection, for whoever keeps
+    /// its socket (it is let go when dropped).
+    pub(crate) fn take_upgrade_slot(&mut self) -> Option<Slot> {
+        self.upgrade_slot.take()
     }
 }
 
@@ -374,13 +693,27 @@ mod tests {
         accepted
     }
 
-    async fn get(pool: &ModulePool) -> String {
-        use http_body_util::BodyExt;
-        let request = Request::get("/")
+    fn limits(max_connections: usize, max_queued: usize) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections,
+            max_queued,
+        }
+    }
+
+    /// A deadline no test reaches.
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(30)
+    }
+
+    fn request() -> Request<Body> {
+        Request::get("/")
             .header("host", "x")
             .body(Body::empty())
-            .expect("request");
-        let response = pool.send(request).await.expect("send");
+            .expect("request")
+    }
+
+    async fn text(response: Response<PooledBody>) -> String {
+        use http_body_util::BodyExt;
         let body = response
             .into_body()
             .collect()
@@ -390,12 +723,25 @@ mod tests {
         String::from_utf8(body.to_vec()).expect("utf8")
     }
 
+    async fn get(pool: &ModulePool) -> String {
+        text(pool.send(request(), later()).await.expect("send")).await
+    }
+
+    /// Polls `future` once: its output if it is ready at once.
+    async fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
+        std::future::poll_fn(|cx| match Pin::new(&mut *future).poll(cx) {
+            Poll::Ready(output) => Poll::Ready(Some(output)),
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await
+    }
+
     #[tokio::test]
     async fn reuses_a_connection_once_its_response_ended() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s");
         let accepted = server(&path, false, false).await;
-        let pool = ModulePool::new(path);
+        let pool = ModulePool::new(path, limits(1, 0));
         for _ in 0..5 {
             assert_eq!(get(&pool).await, "ok");
         }
@@ -407,7 +753,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s");
         let accepted = server(&path, true, false).await;
-        let pool = ModulePool::new(path);
+        // One slot: each connection the module closed gives its slot back.
+        let pool = ModulePool::new(path, limits(1, 0));
         for _ in 0..3 {
             assert_eq!(get(&pool).await, "ok");
         }
@@ -419,7 +766,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s");
         let accepted = server(&path, false, true).await;
-        let pool = ModulePool::new(path);
+        let pool = ModulePool::new(path, limits(1, 0));
         for _ in 0..5 {
             assert_eq!(get(&pool).await, "");
         }
@@ -463,7 +810,7 @@ mod tests {
                 .expect("answer");
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         });
-        let pool = ModulePool::new(path);
+        let pool = ModulePool::new(path, limits(4, 4));
         assert_eq!(get(&pool).await, "ok");
         assert_eq!(pool.idle_count(), 1);
         let let_go = async {
@@ -507,12 +854,12 @@ mod tests {
                 .expect("head");
             writer.write_all(&vec![b'x'; ANSWER]).await.expect("answer");
         });
-        let pool = ModulePool::new(path);
+        let pool = ModulePool::new(path, limits(4, 4));
         let request = Request::post("/")
             .header("host", "x")
             .body(Body::from(vec![b'u'; UPLOAD]))
             .expect("request");
-        let response = pool.send(request).await.expect("send");
+        let response = pool.send(request, later()).await.expect("send");
         let got = tokio::time::timeout(std::time::Duration::from_secs(10), uploaded)
             .await
             .expect("the upload stalled while the answer was not read")
@@ -524,9 +871,158 @@ mod tests {
 
     #[tokio::test]
     async fn missing_socket_is_a_connect_error_naming_it() {
-        let pool = ModulePool::new(PathBuf::from("/nonexistent/dash_x"));
-        let request = Request::get("/").body(Body::empty()).expect("request");
-        let error = pool.send(request).await.expect_err("no socket");
+        let pool = ModulePool::new(PathBuf::from("/nonexistent/dash_x"), limits(1, 0));
+        let error = pool.send(request(), later()).await.expect_err("no socket");
         assert!(error.to_string().contains("/nonexistent/dash_x"), "{error}");
+    }
+
+    /// With every connection in use, a request waits, and takes the first
+    /// connection given back: no new one is opened.
+    #[tokio::test]
+    async fn a_request_beyond_the_cap_waits_for_a_connection_given_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let accepted = server(&path, false, false).await;
+        let pool = ModulePool::new(path, limits(1, 8));
+        let held = pool.send(request(), later()).await.expect("send");
+        let mut waiting = std::pin::pin!(get(&pool));
+        assert!(poll_once(&mut waiting).await.is_none(), "went past the cap");
+        let stats = pool.stats();
+        assert_eq!((stats.open, stats.idle, stats.queued), (1, 0, 1));
+        assert_eq!(text(held).await, "ok");
+        assert_eq!(waiting.await, "ok");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.stats().queued, 0);
+    }
+
+    /// A connection closed while requests wait (its answer dropped half
+    /// read) gives its slot to the first of them, which opens a new one.
+    #[tokio::test]
+    async fn a_closed_connection_gives_its_slot_to_a_waiting_request() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let accepted = server(&path, false, false).await;
+        let pool = ModulePool::new(path, limits(1, 8));
+        let held = pool.send(request(), later()).await.expect("send");
+        let mut waiting = std::pin::pin!(get(&pool));
+        assert!(poll_once(&mut waiting).await.is_none(), "went past the cap");
+        drop(held);
+        assert_eq!(waiting.await, "ok");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(pool.stats().open, 1);
+    }
+
+    /// With every connection in use and the queue full, a request is
+    /// refused at once.
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        server(&path, false, false).await;
+        let pool = ModulePool::new(path, limits(1, 1));
+        let _held = pool.send(request(), later()).await.expect("send");
+        let mut waiting = std::pin::pin!(get(&pool));
+        assert!(poll_once(&mut waiting).await.is_none(), "went past the cap");
+        let mut refused = std::pin::pin!(pool.send(request(), later()));
+        match poll_once(&mut refused).await {
+            Some(Err(PoolError::Busy {
+                connections: 1,
+                queued: 1,
+            })) => {}
+            other => panic!("expected busy at once, got {other:?}"),
+        }
+    }
+
+    /// A request waits for a connection no longer than its deadline; the
+    /// connection given back later goes idle past the place it gave up.
+    #[tokio::test]
+    async fn a_request_waits_no_longer_than_its_deadline() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        server(&path, false, false).await;
+        let pool = ModulePool::new(path, limits(1, 8));
+        let held = pool.send(request(), later()).await.expect("send");
+        let soon = Instant::now() + Duration::from_millis(50);
+        let error = tokio::time::timeout(Duration::from_secs(10), pool.send(request(), soon))
+            .await
+            .expect("waited past its deadline")
+            .expect_err("no connection was free");
+        assert!(
+            matches!(error, PoolError::Waited { connections: 1 }),
+            "{error:?}"
+        );
+        assert_eq!(pool.stats().queued, 0);
+        assert_eq!(text(held).await, "ok");
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    /// A health probe does not wait behind a full pool: it opens one
+    /// connection more, which is closed after its answer, not kept.
+    #[tokio::test]
+    async fn a_probe_does_not_wait_for_a_full_pool() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let accepted = server(&path, false, false).await;
+        let pool = ModulePool::new(path, limits(1, 8));
+        let held = pool.send(request(), later()).await.expect("send");
+        let probed = tokio::time::timeout(Duration::from_secs(10), pool.probe(request()))
+            .await
+            .expect("the probe waited for the cap")
+            .expect("probe");
+        assert_eq!(text(probed).await, "ok");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        let stats = pool.stats();
+        assert_eq!((stats.open, stats.idle), (1, 0));
+        assert_eq!(text(held).await, "ok");
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    /// A connect refused because the module's listen backlog is full
+    /// (EAGAIN) is tried again, and goes through once the module accepts.
+    #[tokio::test]
+    async fn a_connect_to_a_full_backlog_is_tried_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let socket = tokio::net::UnixSocket::new_stream().expect("socket");
+        socket.bind(&path).expect("bind");
+        let listener = socket.listen(1).expect("listen");
+        // Connections nobody accepts, until the backlog refuses one.
+        let mut waiting_in_backlog = Vec::new();
+        let mut full = false;
+        for _ in 0..64 {
+            match tokio::net::UnixStream::connect(&path).await {
+                Ok(stream) => waiting_in_backlog.push(stream),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    full = true;
+                    break;
+                }
+                Err(e) => panic!("connect: {e}"),
+            }
+        }
+        assert!(full, "the backlog never filled");
+        let pool = ModulePool::new(path, limits(4, 0));
+        let mut sending = std::pin::pin!(pool.send(request(), later()));
+        if let Some(result) = poll_once(&mut sending).await {
+            panic!("a connect to a full backlog was not tried again: {result:?}");
+        }
+        // Room again: the module takes what waited in its backlog.
+        for _ in 0..waiting_in_backlog.len() {
+            listener.accept().await.expect("accept");
+        }
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.expect("accept");
+            let service = hyper::service::service_fn(|_req| async {
+                let body = http_body_util::Full::new(Bytes::from_static(b"ok"));
+                Ok::<_, std::convert::Infallible>(Response::new(body))
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        let response = tokio::time::timeout(Duration::from_secs(10), sending)
+            .await
+            .expect("still trying")
+            .expect("sent once the backlog had room");
+        assert_eq!(text(response).await, "ok");
     }
 }

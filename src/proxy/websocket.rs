@@ -50,13 +50,16 @@ pub(super) async fn forward(
         &gate,
         upstream,
         Some(settings.http_response_timeout),
-        settings.max_request_body_bytes,
+        settings,
     )
     .await?;
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
         return Ok(downstream_response(module, &gate, response));
     }
     let module_upgrade = hyper::upgrade::on(&mut response);
+    // The websocket keeps its module connection, one of the module's
+    // `max_connections`, until it closes (as Ray's parent counts them).
+    let slot = response.body_mut().take_upgrade_slot();
 
     let mut answer = Response::new(Body::empty());
     *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
@@ -85,6 +88,7 @@ pub(super) async fn forward(
             &name,
         )
         .await;
+        drop(slot);
     });
     Ok(answer)
 }

@@ -22,7 +22,7 @@ pub(crate) async fn check_health(pool: &ModulePool, timeout: Duration) -> Result
         .expect("UNWRAP: static request is valid");
     let probe = async {
         let response = pool
-            .send(request)
+            .probe(request)
             .await
             .map_err(|e| format!("healthz request failed: {}", error_chain(&e)))?;
         let status = response.status();

@@ -162,7 +162,7 @@ impl ModuleTask {
         let mut exited: Option<ExitStatus> = None;
         let exit = child.wait();
         tokio::pin!(exit);
-        let client = ModulePool::new(socket.clone());
+        let client = ModulePool::new(socket.clone(), sup.connection_limits());
         let mut ready_at = None;
 
         let end = 'life: {

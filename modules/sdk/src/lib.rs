@@ -39,7 +39,8 @@ use std::path::{Path, PathBuf};
 
 use axum::routing::get;
 use axum::Router;
-use tokio::net::UnixListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{UnixListener, UnixStream};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Name of the variable holding the Unix socket path to listen on.
@@ -220,20 +221,25 @@ pub async fn serve_router_until<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    serve_router_wrapped_until(env, router, std::convert::identity, shutdown).await
+}
+
+/// As [`serve_router_until`], with every accepted connection passed through
+/// `wrap` before it is served: to count the connections open, say.
+pub async fn serve_router_wrapped_until<F, W, Io>(
+    env: &ModuleEnv,
+    router: Router,
+    wrap: W,
+    shutdown: F,
+) -> Result<(), SdkError>
+where
+    F: Future<Output = ()> + Send + 'static,
+    W: FnMut(UnixStream) -> Io + Send + 'static,
+    Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let path = env.socket.as_path();
-    remove_stale_socket(path)?;
-    let listener = UnixListener::bind(path).map_err(|source| SdkError::Bind {
-        path: path.to_owned(),
-        source,
-    })?;
-    let _cleanup = SocketFile(path);
-    tracing::info!(
-        module = %env.name,
-        incarnation = env.incarnation,
-        socket = %path.display(),
-        "module listening"
-    );
-    axum::serve(listener, router)
+    let (listener, _cleanup) = bind(env)?;
+    axum::serve(Wrapped { listener, wrap }, router)
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|source| SdkError::Serve {
@@ -242,6 +248,49 @@ where
         })?;
     tracing::info!(module = %env.name, incarnation = env.incarnation, "module stopped");
     Ok(())
+}
+
+/// Binds `env.socket` (replacing a stale socket left there); the socket
+/// file goes when the returned guard does.
+fn bind(env: &ModuleEnv) -> Result<(UnixListener, SocketFile<'_>), SdkError> {
+    let path = env.socket.as_path();
+    remove_stale_socket(path)?;
+    let listener = UnixListener::bind(path).map_err(|source| SdkError::Bind {
+        path: path.to_owned(),
+        source,
+    })?;
+    tracing::info!(
+        module = %env.name,
+        incarnation = env.incarnation,
+        socket = %path.display(),
+        "module listening"
+    );
+    Ok((listener, SocketFile(path)))
+}
+
+/// A Unix listener whose accepted connections go through `wrap`.
+struct Wrapped<W> {
+    listener: UnixListener,
+    wrap: W,
+}
+
+impl<W, Io> axum::serve::Listener for Wrapped<W>
+where
+    W: FnMut(UnixStream) -> Io + Send + 'static,
+    Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Io = Io;
+    type Addr = tokio::net::unix::SocketAddr;
+
+    async fn accept(&mut self) -> (Io, Self::Addr) {
+        // axum's own accept, which retries (and logs) failed accepts.
+        let (stream, addr) = axum::serve::Listener::accept(&mut self.listener).await;
+        ((self.wrap)(stream), addr)
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.listener.local_addr()
+    }
 }
 
 /// Installs SIGTERM and SIGINT handlers now and returns a future that

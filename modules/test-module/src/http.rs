@@ -190,7 +190,7 @@ impl Drop for StreamBody {
     }
 }
 
-/// `GET /test/stats`: stream and websocket counters.
+/// `GET /test/stats`: stream, websocket, request and connection counters.
 pub(crate) async fn stats(State(state): State<AppState>) -> Json<Value> {
     Json(json!({
         "streams_started": state.streams_started.load(Ordering::Relaxed),
@@ -198,6 +198,8 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Json<Value> {
         "streams_cancelled": state.streams_cancelled.load(Ordering::Relaxed),
         "ws_last_close": state.ws_last_close(),
         "requests_in_flight": state.requests_in_flight.load(Ordering::Relaxed),
+        "connections_open": state.connections_open.load(Ordering::Relaxed),
+        "connections_peak": state.connections_peak.load(Ordering::Relaxed),
     }))
 }
 

@@ -5,6 +5,7 @@
 //! It runs on a current-thread runtime so that `POST /test/hang` blocks
 //! everything, health checks included.
 
+mod connections;
 mod http;
 mod state;
 mod ws;
@@ -121,7 +122,9 @@ async fn run(env: ModuleEnv, behaviour: Behaviour) -> Result<(), SdkError> {
         env.socket.clone(),
         health,
     ));
-    ray_dashd_sdk::serve_router_until(&env, router(state), shutdown).await
+    let counted = Arc::clone(&state);
+    let count = move |stream| connections::Counted::new(stream, Arc::clone(&counted));
+    ray_dashd_sdk::serve_router_wrapped_until(&env, router(state), count, shutdown).await
 }
 
 /// Swallows every SIGTERM from now on (replacing its default action) and

@@ -1,6 +1,6 @@
 //! State shared by the test-module's handlers: identity, the switchable
-//! health mode, stream and websocket counters, and the in-flight request
-//! count kept by the [`track_in_flight`] middleware.
+//! health mode, stream, websocket and connection counters, and the
+//! in-flight request count kept by the [`track_in_flight`] middleware.
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -81,6 +81,10 @@ pub(crate) struct Shared {
     pub(crate) streams_cancelled: AtomicU64,
     /// Requests whose handler or response body is still alive.
     pub(crate) requests_in_flight: AtomicU64,
+    /// Connections accepted and not yet closed.
+    pub(crate) connections_open: AtomicU64,
+    /// The most connections open at once so far.
+    pub(crate) connections_peak: AtomicU64,
     /// Last Close frame a client sent to `/test/ws/echo`.
     pub(crate) ws_last_close: Mutex<Option<CloseRecord>>,
 }
@@ -102,6 +106,8 @@ impl Shared {
             streams_completed: AtomicU64::new(0),
             streams_cancelled: AtomicU64::new(0),
             requests_in_flight: AtomicU64::new(0),
+            connections_open: AtomicU64::new(0),
+            connections_peak: AtomicU64::new(0),
             ws_last_close: Mutex::new(None),
         }
     }

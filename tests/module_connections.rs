@@ -1,0 +1,184 @@
+//! Connections to a module: never more than its `max_connections`, the
+//! requests beyond waiting their turn, a full queue answered 503 and a
+//! request that waited out its deadline 504; streams and websockets hold a
+//! connection while they last.
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::support::{client, dashd, eventually, test_module, Dashd, ModuleDef, WAIT};
+
+/// The test module with at most `max` connections, and no periodic health
+/// check to open one more while the tests fill the pool (a probe never
+/// waits for the cap; see `ModulePool::probe`).
+fn capped(max: usize) -> ModuleDef {
+    test_module("tm")
+        .supervision("max_connections", &max.to_string())
+        .supervision("health_interval_secs", "3600")
+}
+
+/// The module's `connections` in `/api/modules/tm`.
+async fn connections(d: &Dashd) -> Value {
+    d.module("tm").await["connections"].clone()
+}
+
+/// Waits until `requests` requests wait for a connection to the module.
+async fn wait_queued(d: &Dashd, requests: u64) {
+    let queued = eventually(WAIT, || async {
+        (connections(d).await["queued"].as_u64() == Some(requests)).then_some(())
+    })
+    .await;
+    assert!(
+        queued.is_some(),
+        "{requests} requests never queued: {}",
+        connections(d).await
+    );
+}
+
+/// 60 requests at once, each holding its connection 100 ms, to a module
+/// with a cap of 4: all answer 200, the module never sees more than 4
+/// connections (it counts them itself), and the host shows the queue.
+#[tokio::test]
+async fn connections_to_a_module_never_exceed_its_cap() {
+    const REQUESTS: usize = 60;
+    let d = dashd().module(capped(4)).start();
+    d.healthy("tm", 0).await;
+    let client = client();
+    let url = d.url("/test/slow?ms=100");
+    let burst = futures_util::future::join_all((0..REQUESTS).map(|_| {
+        let request = client.get(&url).send();
+        async move { request.await.map(|r| r.status().as_u16()).unwrap_or(0) }
+    }));
+    let seen_queued = eventually(WAIT, || async {
+        let c = connections(&d).await;
+        (c["queued"].as_u64() > Some(0)).then_some(c)
+    });
+    let (statuses, seen_queued) = tokio::join!(burst, seen_queued);
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let stats = d.test_stats().await.expect("stats");
+    assert_eq!(
+        stats["connections_peak"], 4,
+        "the module saw more (or fewer) connections than its cap: {stats}"
+    );
+    let seen_queued = seen_queued.expect("no request was ever seen queued");
+    assert_eq!(seen_queued["max"], 4, "{seen_queued}");
+    assert_eq!(seen_queued["open"], 4, "{seen_queued}");
+    let after = connections(&d).await;
+    assert_eq!((&after["open"], &after["queued"]), (&4.into(), &0.into()));
+}
+
+/// With the only connection held by a stream and one request waiting, the
+/// next request is refused at once: 503, `Retry-After`, a reason. The
+/// waiting one goes through when the stream ends.
+#[tokio::test]
+async fn a_full_queue_is_answered_503_with_retry_after() {
+    let d = dashd()
+        .module(capped(1).supervision("max_queued_requests", "1"))
+        .start();
+    d.healthy("tm", 0).await;
+    let client = client();
+    let stream = client
+        .get(d.url("/test/stream?chunks=100000&delay_ms=100"))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(stream.status(), 200);
+    let waiting = tokio::spawn(client.get(d.url("/test/echo")).send());
+    wait_queued(&d, 1).await;
+
+    let refused = client
+        .get(d.url("/test/echo"))
+        .send()
+        .await
+        .expect("refused");
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.expect("json");
+    assert_eq!(body["module"], "tm");
+    let message = body["message"].as_str().expect("message");
+    assert!(
+        message.contains("module tm is busy")
+            && message.contains("1 connections in use")
+            && message.contains("1 requests waiting"),
+        "{message}"
+    );
+
+    drop(stream);
+    let answered = tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("the queued request never got the connection")
+        .expect("task")
+        .expect("queued request");
+    assert_eq!(answered.status(), 200);
+}
+
+/// With the only connection held by a websocket, an `http` request waits
+/// for one until `http_response_timeout_secs`, then gets 504 and why; once
+/// the websocket is closed its connection serves requests again.
+#[tokio::test]
+async fn a_request_queued_past_its_deadline_gets_504() {
+    let d = dashd()
+        .server("http_response_timeout_secs", "1")
+        .module(capped(1))
+        .start();
+    d.healthy("tm", 0).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/echo"))
+        .await
+        .expect("websocket");
+    ws.send(Message::Text("hi".into())).await.expect("send");
+    let echo = tokio::time::timeout(WAIT, ws.next()).await.expect("echo");
+    assert_eq!(echo.expect("open").expect("ok"), Message::Text("hi".into()));
+
+    let timed_out = tokio::time::timeout(WAIT, client().get(d.url("/test/echo")).send())
+        .await
+        .expect("no answer at the deadline")
+        .expect("answer");
+    assert_eq!(timed_out.status(), 504);
+    let body: Value = timed_out.json().await.expect("json");
+    let message = body["message"].as_str().expect("message");
+    assert!(
+        message.contains("module tm had no free connection within 1s")
+            && message.contains("all 1 in use"),
+        "{message}"
+    );
+
+    ws.close(None).await.expect("close");
+    let freed = eventually(WAIT, || async {
+        (connections(&d).await["open"] == 0).then_some(())
+    })
+    .await;
+    assert!(
+        freed.is_some(),
+        "the websocket's connection was never let go"
+    );
+    let answered = client()
+        .get(d.url("/test/echo"))
+        .send()
+        .await
+        .expect("echo");
+    assert_eq!(answered.status(), 200);
+}
+
+/// The limits show in `/api/modules/{name}` while the module is healthy.
+#[tokio::test]
+async fn the_module_report_shows_its_connections() {
+    let d = dashd()
+        .module(capped(7).supervision("max_queued_requests", "3"))
+        .start();
+    d.healthy("tm", 0).await;
+    let answered = client()
+        .get(d.url("/test/echo"))
+        .send()
+        .await
+        .expect("echo");
+    assert_eq!(answered.status(), 200);
+    let _ = answered.bytes().await;
+    let c = connections(&d).await;
+    assert_eq!((&c["max"], &c["max_queued"]), (&7.into(), &3.into()), "{c}");
+    assert_eq!(
+        (&c["open"], &c["idle"], &c["queued"]),
+        (&1.into(), &1.into(), &0.into()),
+        "{c}"
+    );
+}

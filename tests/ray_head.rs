@@ -95,10 +95,23 @@ pub(crate) struct RayHead {
     temp: tempfile::TempDir,
     pub(crate) gcs: String,
     pub(crate) bin: PathBuf,
+    /// Variables on top of [`ray_env`] for `ray start` and every Ray
+    /// process of the test ([`RayHead::env`]).
+    extra_env: Vec<(String, String)>,
 }
 
 impl RayHead {
     pub(crate) fn start(python: &Path) -> RayHead {
+        RayHead::start_with_env(python, &[])
+    }
+
+    /// [`RayHead::start`] with `extra_env` set for `ray start`, the CLI
+    /// ([`RayHead::cli`]) and whatever else gets [`RayHead::env`].
+    pub(crate) fn start_with_env(python: &Path, extra_env: &[(&str, &str)]) -> RayHead {
+        let extra_env: Vec<(String, String)> = extra_env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let bin = python.parent().expect("venv bin").to_path_buf();
         let temp = tempfile::Builder::new()
             .prefix("rdr")
@@ -134,6 +147,7 @@ impl RayHead {
             .arg(format!("--min-worker-port={workers}"))
             .arg(format!("--max-worker-port={}", workers + 49));
         ray_env(&mut command, &bin);
+        command.envs(extra_env.iter().map(|(k, v)| (k, v)));
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         // `ray start` logs on stderr but says it is up on stdout.
         let mut child = command
@@ -163,6 +177,7 @@ impl RayHead {
             temp,
             gcs: format!("127.0.0.1:{gcs_port}"),
             bin,
+            extra_env,
         };
         started_rx
             .recv_timeout(RAY_WAIT)
@@ -196,8 +211,14 @@ impl RayHead {
     pub(crate) fn cli(&self, args: &[&str]) -> Output {
         let mut command = Command::new(self.bin.join("ray"));
         command.args(args);
-        ray_env(&mut command, &self.bin);
+        self.env(&mut command);
         run_bounded(command)
+    }
+
+    /// [`ray_env`] and the head's extra variables, for a Ray process.
+    pub(crate) fn env(&self, command: &mut Command) {
+        ray_env(command, &self.bin);
+        command.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
     }
 }
 

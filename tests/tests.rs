@@ -17,6 +17,7 @@ mod ray_client;
 mod ray_head;
 mod ray_releases;
 mod ray_setup;
+mod ray_tls;
 mod shutdown;
 mod supervisor;
 mod ui;

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ray_dashd_tls::RayTls;
 use serde::Deserialize;
 use tracing::{info, warn};
 
@@ -135,6 +136,8 @@ pub struct RayHead {
     pub parent: RayParent,
     /// How long the GCS may stay unreachable before the head counts as gone.
     pub gcs_gone_after: Duration,
+    /// Ray's TLS (`RAY_USE_TLS`), for the GCS connection; `None`: off.
+    pub tls: Option<RayTls>,
 }
 
 /// What Ray's dashboard parent serves itself, for the host to serve.
@@ -259,6 +262,20 @@ pub fn add_modules(
             Err(StartupError::Ray(e))
         }
     };
+    // Read first: with TLS on, nothing of the head can be reached without
+    // it, and a bad file is better told before anything starts. Ray's
+    // modules and the client proxy inherit the variables and read them too.
+    let tls = match RayTls::from_env() {
+        Ok(tls) => tls,
+        Err(e) => return not_hosted(e.to_string()),
+    };
+    if let Some(tls) = &tls {
+        info!(
+            cert = %tls.cert_path().display(),
+            ca = %tls.ca_path().display(),
+            "Ray's TLS is on (RAY_USE_TLS): mutual TLS to the GCS"
+        );
+    }
     let launcher_dir = write_launcher(session)
         .map_err(|e| StartupError::Ray(format!("cannot write the launcher: {e}")))?;
     let mut facts = Command::new(&settings.python);
@@ -330,6 +347,7 @@ pub fn add_modules(
         ray_version = %parent.ray_version,
         modules = config.modules.len() - before,
         token_auth = parent.token.is_some(),
+        tls = tls.is_some(),
         "hosting Ray's dashboard modules"
     );
     if settings.client_port != 0 {
@@ -347,6 +365,7 @@ pub fn add_modules(
         gcs_address,
         parent,
         gcs_gone_after: settings.gcs_gone_after,
+        tls,
     };
     Ok((Some(head), zygote))
 }
@@ -471,8 +490,12 @@ fn client_proxy_toml(
 /// `head.parent.gcs` current, writes the dashboard's address to the GCS
 /// keys `dashboard` and `webui:url`, and ends when the head is gone.
 pub fn watcher(head: &RayHead, bound: SocketAddr) -> Result<Watcher<GcsClient>, StartupError> {
-    let client =
-        GcsClient::new(&head.gcs_address, head.parent.token.as_ref()).map_err(StartupError::Ray)?;
+    let client = GcsClient::new(
+        &head.gcs_address,
+        head.parent.token.as_ref(),
+        head.tls.as_ref(),
+    )
+    .map_err(StartupError::Ray)?;
     Ok(Watcher::new(
         client,
         head.gcs_address.clone(),

@@ -16,9 +16,7 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
-use crate::ray_head::{
-    free_port, ray_env, ray_python, run_bounded, text, token, RayHead, RAY_WAIT,
-};
+use crate::ray_head::{free_port, ray_python, run_bounded, text, token, RayHead, RAY_WAIT};
 use crate::support::{bin_dir, client, command_module, dashd, eventually, process_gone, Dashd};
 
 const MODULE: &str = "ray_client_proxy";
@@ -33,7 +31,7 @@ fn driver(head: &RayHead, python: &Path, address: &str, scenario: &str, flags: &
         .arg(driver_script())
         .args([address, scenario])
         .arg(flags);
-    ray_env(&mut command, &head.bin);
+    head.env(&mut command);
     command
 }
 

@@ -89,10 +89,10 @@ fn free_port_block(n: u16) -> u16 {
         .expect("a block of free ports")
 }
 
-/// Asks [`RayHead::launch`] for a node of a cluster of several nodes: Ray
-/// refuses a second node unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1` (which
+/// The environment of a node of a cluster of several nodes: Ray refuses a
+/// second node unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1` (which
 /// [`ray_env`] sets to 0 for single-node heads).
-const MULTI_NODE: &str = "<multi-node>";
+const MULTI_NODE: (&str, &str) = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1");
 
 /// A Ray node (the head, or one joining it) run by `ray start --block` in
 /// its own process group.
@@ -101,28 +101,44 @@ pub(crate) struct RayHead {
     temp: tempfile::TempDir,
     pub(crate) gcs: String,
     pub(crate) bin: PathBuf,
+    /// Variables on top of [`ray_env`] for `ray start` and every Ray
+    /// process of the test ([`RayHead::env`]).
+    extra_env: Vec<(String, String)>,
 }
 
 impl RayHead {
     pub(crate) fn start(python: &Path) -> RayHead {
-        Self::launch(python, None, &[])
+        RayHead::start_with_env(python, &[])
+    }
+
+    /// [`RayHead::start`] with `extra_env` set for `ray start`, the CLI
+    /// ([`RayHead::cli`]) and whatever else gets [`RayHead::env`].
+    pub(crate) fn start_with_env(python: &Path, extra_env: &[(&str, &str)]) -> RayHead {
+        Self::launch(python, None, &[], extra_env)
     }
 
     /// A head that other nodes may join ([`RayHead::join`]).
     pub(crate) fn start_multi_node(python: &Path) -> RayHead {
-        Self::launch(python, None, &[MULTI_NODE])
+        Self::launch(python, None, &[], &[MULTI_NODE])
     }
 
     /// A second node joining the cluster of `head` (on this machine, with
     /// ports and a temp dir of its own), started with `extra` flags.
     pub(crate) fn join(head: &RayHead, python: &Path, extra: &[&str]) -> RayHead {
-        let mut args = vec![MULTI_NODE];
-        args.extend_from_slice(extra);
-        Self::launch(python, Some(&head.gcs), &args)
+        Self::launch(python, Some(&head.gcs), extra, &[MULTI_NODE])
     }
 
-    /// `extra`: flags of `ray start`, or [`MULTI_NODE`].
-    fn launch(python: &Path, join: Option<&str>, extra: &[&str]) -> RayHead {
+    /// `extra`: flags of `ray start`; `extra_env`: its environment.
+    fn launch(
+        python: &Path,
+        join: Option<&str>,
+        extra: &[&str],
+        extra_env: &[(&str, &str)],
+    ) -> RayHead {
+        let extra_env: Vec<(String, String)> = extra_env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let bin = python.parent().expect("venv bin").to_path_buf();
         let temp = tempfile::Builder::new()
             .prefix("rdr")
@@ -148,7 +164,7 @@ impl RayHead {
             Some(gcs) => command.arg(format!("--address={gcs}")).arg("--num-cpus=1"),
         };
         command
-            .args(extra.iter().filter(|a| **a != MULTI_NODE))
+            .args(extra)
             .arg("--node-ip-address=127.0.0.1")
             .arg("--object-store-memory=100000000")
             .arg(format!("--temp-dir={}", temp.path().display()))
@@ -161,9 +177,7 @@ impl RayHead {
             .arg(format!("--min-worker-port={workers}"))
             .arg(format!("--max-worker-port={}", workers + 49));
         ray_env(&mut command, &bin);
-        if extra.contains(&MULTI_NODE) {
-            command.env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1");
-        }
+        command.envs(extra_env.iter().map(|(k, v)| (k, v)));
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         // `ray start` logs on stderr but says it is up on stdout.
         let mut child = command
@@ -193,6 +207,7 @@ impl RayHead {
             temp,
             gcs: join.map_or_else(|| format!("127.0.0.1:{gcs_port}"), str::to_owned),
             bin,
+            extra_env,
         };
         started_rx
             .recv_timeout(RAY_WAIT)
@@ -226,8 +241,14 @@ impl RayHead {
     pub(crate) fn cli(&self, args: &[&str]) -> Output {
         let mut command = Command::new(self.bin.join("ray"));
         command.args(args);
-        ray_env(&mut command, &self.bin);
+        self.env(&mut command);
         run_bounded(command)
+    }
+
+    /// [`ray_env`] and the head's extra variables, for a Ray process.
+    pub(crate) fn env(&self, command: &mut Command) {
+        ray_env(command, &self.bin);
+        command.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
     }
 }
 

@@ -21,6 +21,7 @@ mod ray_cluster;
 mod ray_head;
 mod ray_releases;
 mod ray_setup;
+mod ray_tls;
 mod shutdown;
 mod supervisor;
 mod ui;

@@ -12,6 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ray_dashd_tls::{Connector, RayTls};
 use ray_proto::rpc::internal_kv_gcs_service_client::InternalKvGcsServiceClient;
 use ray_proto::rpc::node_info_gcs_service_client::NodeInfoGcsServiceClient;
 use ray_proto::rpc::{
@@ -123,12 +124,19 @@ pub struct GcsClient {
 }
 
 impl GcsClient {
-    /// A client of the GCS at `address` (`host:port`); connects on first use.
-    pub fn new(address: &str, token: Option<&Token>) -> Result<GcsClient, String> {
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+    /// A client of the GCS at `address` (`host:port`), with Ray's TLS
+    /// when `tls` is given (the GCS's certificate is checked against the
+    /// address's host, as Ray's own clients check it); connects on first use.
+    pub fn new(
+        address: &str,
+        token: Option<&Token>,
+        tls: Option<&RayTls>,
+    ) -> Result<GcsClient, String> {
+        let scheme = ray_dashd_tls::scheme(tls);
+        let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| format!("GCS address {address:?}: {e}"))?
             .connect_timeout(CHECK_TIMEOUT);
-        let channel = endpoint.connect_lazy();
+        let channel = endpoint.connect_with_connector_lazy(Connector::new(tls.cloned()));
         let bearer = match token {
             Some(token) => Some(
                 token

@@ -8,7 +8,6 @@
 //! leave in one write; the rest of a larger body follows under the server's
 //! flow control.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::task::{Context, Poll};
@@ -19,7 +18,7 @@ use h2::client::SendRequest;
 use h2::{RecvStream, SendStream};
 use http_body::{Body as _, Frame};
 use http_body_util::BodyExt;
-use tokio::net::TcpStream;
+use ray_dashd_tls::RayTls;
 use tonic::body::Body;
 use tracing::{debug, warn};
 
@@ -45,22 +44,29 @@ pub enum DriverError {
     Request(String),
 }
 
+/// The host servers listen on, and the name their certificate must hold
+/// with TLS on (Ray's proxier dials them there too).
+const SERVER_HOST: &str = "127.0.0.1";
+
 /// One multiplexed connection to a server, made at its first call and made
 /// again when it has broken.
 #[derive(Debug)]
 pub struct DriverChannel {
-    addr: SocketAddr,
+    port: u16,
+    /// Ray's TLS, when the servers speak it.
+    tls: Option<RayTls>,
     /// How often the connection is pinged.
     ping: Duration,
     sender: Mutex<Option<SendRequest<Bytes>>>,
 }
 
 impl DriverChannel {
-    /// A channel to `127.0.0.1:port`, its connection pinged every `ping`;
-    /// nothing is connected yet.
-    pub fn new(port: u16, ping: Duration) -> DriverChannel {
+    /// A channel to `127.0.0.1:port`, with `tls` when given, its
+    /// connection pinged every `ping`; nothing is connected yet.
+    pub fn new(port: u16, ping: Duration, tls: Option<RayTls>) -> DriverChannel {
         DriverChannel {
-            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            port,
+            tls,
             ping,
             sender: Mutex::new(None),
         }
@@ -115,7 +121,7 @@ impl DriverChannel {
             match sender.ready().await {
                 Ok(sender) => return Ok(sender),
                 Err(e) => {
-                    debug!(addr = %self.addr, error = %e, "driver connection gone; reconnecting")
+                    debug!(port = self.port, error = %e, "driver connection gone; reconnecting")
                 }
             }
         }
@@ -126,15 +132,14 @@ impl DriverChannel {
 
     async fn connect(&self) -> Result<SendRequest<Bytes>, DriverError> {
         let handshake = async {
-            let tcp = TcpStream::connect(self.addr)
+            let stream = ray_dashd_tls::connect(self.tls.as_ref(), SERVER_HOST, self.port)
                 .await
                 .map_err(DriverError::Connect)?;
-            tcp.set_nodelay(true).map_err(DriverError::Connect)?;
             let (sender, connection) = h2::client::Builder::new()
                 .initial_window_size(STREAM_WINDOW_BYTES)
                 .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
                 .max_frame_size(MAX_FRAME_BYTES)
-                .handshake::<_, Bytes>(tcp)
+                .handshake::<_, Bytes>(stream)
                 .await?;
             Ok::<_, DriverError>((sender, connection))
         };
@@ -146,7 +151,7 @@ impl DriverChannel {
                     format!("no HTTP/2 connection within {CONNECT_TIMEOUT:?}"),
                 ))
             })??;
-        let addr = self.addr;
+        let port = self.port;
         let mut connection = connection;
         let pings = connection.ping_pong();
         let (interval, patience) = (self.ping, self.ping.min(MAX_PING_WAIT));
@@ -169,9 +174,9 @@ impl DriverChannel {
             };
             tokio::select! {
                 ended = &mut connection => if let Err(e) = ended {
-                    debug!(%addr, error = %e, "driver connection ended");
+                    debug!(port, error = %e, "driver connection ended");
                 },
-                why = hung => warn!(%addr, why, "Ray client server not answering; dropping its driver connection"),
+                why = hung => warn!(port, why, "Ray client server not answering; dropping its driver connection"),
             }
         });
         Ok(sender)

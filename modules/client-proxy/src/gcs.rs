@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use ray_dashd_tls::{Connector, RayTls};
 use ray_proto::rpc::gcs_node_info::GcsNodeState;
 use ray_proto::rpc::internal_kv_gcs_service_client::InternalKvGcsServiceClient;
 use ray_proto::rpc::node_info_gcs_service_client::NodeInfoGcsServiceClient;
@@ -32,19 +33,22 @@ pub struct Gcs {
 }
 
 impl Gcs {
-    /// A client of the GCS at `address` (`host:port`); connects on first use.
-    pub fn new(address: &str, token: Option<&Token>) -> Result<Gcs, String> {
+    /// A client of the GCS at `address` (`host:port`), with Ray's TLS when
+    /// `tls` is given (the GCS's certificate checked against the address's
+    /// host, as Ray's clients check it); connects on first use.
+    pub fn new(address: &str, token: Option<&Token>, tls: Option<&RayTls>) -> Result<Gcs, String> {
         let bearer = token
             .map(|t| t.bearer().parse::<MetadataValue<Ascii>>())
             .transpose()
             .map_err(|_| "the auth token is not valid in gRPC metadata".to_owned())?;
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+        let scheme = ray_dashd_tls::scheme(tls);
+        let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| format!("bad GCS address {address:?}: {e}"))?
             .connect_timeout(Duration::from_secs(5))
             .timeout(CALL_TIMEOUT);
         Ok(Gcs {
             address: address.to_owned(),
-            channel: endpoint.connect_lazy(),
+            channel: endpoint.connect_with_connector_lazy(Connector::new(tls.cloned())),
             bearer,
         })
     }

@@ -11,7 +11,13 @@
 //! clients and decides when a server goes; [`servers`] starts, reaps and
 //! stops servers and owns the port pool; [`runtime_env`] prepares a
 //! client's runtime env; [`gcs`] makes the GCS calls the proxy makes itself;
-//! [`wire`] reads the few messages the proxy must look into.
+//! [`wire`] reads the few messages the proxy must look into; [`incoming`]
+//! takes the client port's connections (with Ray's TLS when it is on).
+//!
+//! Ray's TLS (`RAY_USE_TLS` and the `RAY_TLS_*` files, read by
+//! `ray-dashd-tls` as the host reads them) covers all three sides, as it
+//! does Ray's proxier: clients connect with it, and the proxy dials the GCS
+//! and its servers (which inherit the variables) with it.
 
 pub mod args;
 pub mod auth;
@@ -20,6 +26,7 @@ pub mod driver;
 pub mod gcs;
 pub mod grpc;
 pub mod http;
+pub mod incoming;
 pub mod listeners;
 pub mod proxy;
 pub mod runtime_env;
@@ -32,8 +39,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures_util::StreamExt;
 use ray_dashd_sdk::ModuleEnv;
+use ray_dashd_tls::RayTls;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -75,9 +82,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if token.is_some() {
         info!("token authentication is on (RAY_AUTH_MODE=token)");
     }
+    // The message is the whole story (variable, file, problem), one line.
+    let tls = RayTls::from_env().map_err(|e| anyhow::Error::msg(e.to_string()))?;
+    if let Some(tls) = &tls {
+        info!(
+            cert = %tls.cert_path().display(),
+            ca = %tls.ca_path().display(),
+            "Ray's TLS is on (RAY_USE_TLS): clients, the GCS and the servers are reached with it"
+        );
+    }
     let gcs = gcs_address
         .as_deref()
-        .map(|address| Gcs::new(address, token.as_ref()))
+        .map(|address| Gcs::new(address, token.as_ref(), tls.as_ref()))
         .transpose()
         .map_err(anyhow::Error::msg)?;
 
@@ -107,6 +123,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             ready_timeout: args.server_ready_timeout,
             stop_grace: Duration::from_secs(2),
             ping: args.server_ping,
+            tls: tls.clone(),
         },
         Arc::new(PortPool::new(args.port_range.clone())),
         pid_file,
@@ -134,6 +151,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let grpc_task = tokio::spawn(serve_grpc(
         proxy.clone(),
         format!("{}:{}", args.host, args.port),
+        tls,
         listening.clone(),
         stop.clone(),
     ));
@@ -157,6 +175,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 async fn serve_grpc(
     proxy: Arc<Proxy>,
     address: String,
+    tls: Option<RayTls>,
     listening: Arc<Mutex<Listening>>,
     stop: CancellationToken,
 ) {
@@ -195,11 +214,7 @@ async fn serve_grpc(
     };
     info!(address = %local, "Ray client proxy listening");
     set(Listening::On(local));
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|stream| {
-        let stream = stream?;
-        stream.set_nodelay(true)?;
-        Ok::<_, std::io::Error>(stream)
-    });
+    let incoming = incoming::incoming(listener, tls);
     let served = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))

@@ -17,10 +17,10 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use ray_dashd_tls::{Connector, RayTls};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -43,6 +43,11 @@ pub struct ServerCommand {
     pub stop_grace: Duration,
     /// How often a server's driver connection is pinged.
     pub ping: Duration,
+    /// Ray's TLS, when on: the servers inherit `RAY_USE_TLS` and serve
+    /// with it, so the proxy dials them with it (checking their
+    /// certificate against `127.0.0.1`, the address dialled, as Ray's
+    /// proxier does).
+    pub tls: Option<RayTls>,
 }
 
 /// Why a server could not be had.
@@ -175,7 +180,7 @@ pub struct SpecificServer {
     pub started: SystemTime,
     /// An HTTP/2 client (one connection, multiplexed) for it.
     pub client: H2Client,
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https` with TLS).
     pub origin: http::Uri,
     /// The connection its `RayletDriver` calls take.
     pub driver: DriverChannel,
@@ -220,7 +225,7 @@ impl SpecificServer {
 /// The HTTP/2 client calls to a server go through. Plain hyper rather than a
 /// tonic `Channel`: the channel's request queue adds a task hop to every
 /// call, which is most of a forwarded call's cost on loopback.
-pub type H2Client = hyper_util::client::legacy::Client<HttpConnector, tonic::body::Body>;
+pub type H2Client = hyper_util::client::legacy::Client<Connector, tonic::body::Body>;
 
 /// Ray's setting for how many idle seconds (checks, one a second) a
 /// specific server without a client waits before it exits.
@@ -240,10 +245,8 @@ pub const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
 /// chunk of `put`/`get` crossed the proxy in one read per 8 KiB.
 pub const MAX_FRAME_BYTES: u32 = 1 << 20;
 
-fn h2_client() -> H2Client {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+fn h2_client(tls: Option<RayTls>) -> H2Client {
+    let connector = Connector::new(tls).timeout(Duration::from_secs(5));
     hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .http2_only(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
@@ -329,11 +332,14 @@ impl Launcher {
             port,
             pid,
             started: SystemTime::now(),
-            client: h2_client(),
-            origin: format!("http://127.0.0.1:{port}")
-                .parse()
-                .expect("UNWRAP: loopback URI is valid"),
-            driver: DriverChannel::new(port, self.command.ping),
+            client: h2_client(self.command.tls.clone()),
+            origin: format!(
+                "{}://127.0.0.1:{port}",
+                ray_dashd_tls::scheme(self.command.tls.as_ref())
+            )
+            .parse()
+            .expect("UNWRAP: loopback URI is valid"),
+            driver: DriverChannel::new(port, self.command.ping, self.command.tls.clone()),
             exit: exit_rx,
             stop_grace: self.command.stop_grace,
         });

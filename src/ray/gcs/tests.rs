@@ -284,7 +284,7 @@ async fn real_client_reports_an_unreachable_gcs_with_its_cause() {
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
-    let mut client = GcsClient::new(&format!("127.0.0.1:{port}"), None).expect("client");
+    let mut client = GcsClient::new(&format!("127.0.0.1:{port}"), None, None).expect("client");
     let err = bounded(secs(5.0), client.check_alive())
         .await
         .expect_err("nothing listens");

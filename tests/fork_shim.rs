@@ -18,17 +18,11 @@ const EXIT_ON_SIGTERM: &str = "43";
 /// Bound on a process ending.
 const GONE: Duration = Duration::from_secs(10);
 
-fn python() -> Option<String> {
-    match std::env::var("RAY_DASHD_TEST_PYTHON") {
-        Ok(python) => Some(python),
-        Err(_) if std::env::var_os("CI").is_some() => {
-            panic!("RAY_DASHD_TEST_PYTHON must name a Python with aiohttp in CI")
-        }
-        Err(_) => {
-            eprintln!("skipped: set RAY_DASHD_TEST_PYTHON to a Python with aiohttp");
-            None
-        }
-    }
+/// The Python with aiohttp. Missing, the test fails: a skipped run must
+/// not pass for one that ran (scripts/test sets it).
+fn python() -> String {
+    std::env::var("RAY_DASHD_TEST_PYTHON")
+        .expect("RAY_DASHD_TEST_PYTHON must name a Python with aiohttp (scripts/test sets it)")
 }
 
 /// The zygote, as module `Z`, preloading modules `alpha` and `beta`.
@@ -83,7 +77,7 @@ fn last_failure(report: &Value) -> String {
 /// not the shim itself.
 #[tokio::test]
 async fn zygote_forks_the_module_into_the_shims_group() {
-    let Some(py) = python() else { return };
+    let py = python();
     let d = dashd()
         .module(zygote(&py))
         .module(forked(&py, "alpha", &[]))
@@ -104,7 +98,7 @@ async fn zygote_forks_the_module_into_the_shims_group() {
 /// replaced by a new child.
 #[tokio::test]
 async fn sigkill_of_the_shim_ends_its_forked_child() {
-    let Some(py) = python() else { return };
+    let py = python();
     let d = dashd()
         .module(zygote(&py))
         .module(forked(&py, "alpha", &[]))
@@ -123,7 +117,7 @@ async fn sigkill_of_the_shim_ends_its_forked_child() {
 /// the child's status.
 #[tokio::test]
 async fn sigterm_to_the_shim_stops_the_child_and_returns_its_status() {
-    let Some(py) = python() else { return };
+    let py = python();
     let d = dashd()
         .module(zygote(&py))
         .module(forked(&py, "alpha", &[]))
@@ -143,7 +137,7 @@ async fn sigterm_to_the_shim_stops_the_child_and_returns_its_status() {
 /// A forked child killed by a signal makes its shim end by the same signal.
 #[tokio::test]
 async fn a_child_killed_by_a_signal_ends_its_shim_by_it() {
-    let Some(py) = python() else { return };
+    let py = python();
     let d = dashd()
         .module(zygote(&py))
         .module(forked(&py, "alpha", &[]))
@@ -161,7 +155,7 @@ async fn a_child_killed_by_a_signal_ends_its_shim_by_it() {
 /// pid), so the module still starts.
 #[tokio::test]
 async fn without_a_zygote_the_module_starts_standalone() {
-    let Some(py) = python() else { return };
+    let py = python();
     let d = dashd()
         .module(forked(&py, "alpha", &["--wait", "0.2"]))
         .start();
@@ -178,7 +172,7 @@ async fn without_a_zygote_the_module_starts_standalone() {
 /// preloaded code read the zygote's) and starts standalone.
 #[tokio::test]
 async fn a_module_with_another_environment_starts_standalone() {
-    let Some(py) = python() else { return };
+    let py = python();
     let d = dashd()
         .module(zygote(&py))
         .module(forked(&py, "alpha", &[]).env("SOME_SETTING", "other"))
@@ -199,7 +193,7 @@ async fn a_module_with_another_environment_starts_standalone() {
 /// meanwhile still starts (forked by the zygote's next incarnation).
 #[tokio::test]
 async fn killing_the_zygote_leaves_forked_modules_running() {
-    let Some(py) = python() else { return };
+    let py = python();
     let d = dashd()
         .module(zygote(&py))
         .module(forked(&py, "alpha", &[]))
@@ -221,7 +215,7 @@ async fn killing_the_zygote_leaves_forked_modules_running() {
 /// ray-dashd's shutdown stops forked modules and exits cleanly.
 #[tokio::test]
 async fn shutdown_stops_forked_modules() {
-    let Some(py) = python() else { return };
+    let py = python();
     let mut d = dashd()
         .module(zygote(&py))
         .module(forked(&py, "alpha", &[]))
@@ -239,7 +233,7 @@ async fn shutdown_stops_forked_modules() {
 /// no one signals the children's group.
 #[tokio::test]
 async fn sigkill_of_ray_dashd_ends_forked_modules() {
-    let Some(py) = python() else { return };
+    let py = python();
     let mut d = dashd()
         .module(zygote(&py))
         .module(forked(&py, "alpha", &[]))
@@ -257,7 +251,7 @@ async fn sigkill_of_ray_dashd_ends_forked_modules() {
 /// it exits, and the modules start standalone.
 #[tokio::test]
 async fn a_zygote_with_a_thread_does_not_fork() {
-    let Some(py) = python() else { return };
+    let py = python();
     let d = dashd()
         .module(zygote(&py).env("ZFX_PRELOAD_THREAD", "1"))
         .module(forked(&py, "alpha", &[]))
@@ -275,7 +269,7 @@ async fn a_zygote_with_a_thread_does_not_fork() {
 /// A zygote that ray-dashd stops removes its fork socket.
 #[tokio::test]
 async fn a_stopped_zygote_removes_its_fork_socket() {
-    let Some(py) = python() else { return };
+    let py = python();
     let mut d = dashd().module(zygote(&py)).start();
     d.healthy("Z", 0).await;
     let fork_socket = d.session().join("sockets/dash_Z.fork");
@@ -298,7 +292,7 @@ async fn a_stopped_zygote_removes_its_fork_socket() {
 #[tokio::test]
 async fn the_zygote_writes_its_apps_report_before_it_is_ready() {
     use std::os::unix::fs::PermissionsExt;
-    let Some(py) = python() else { return };
+    let py = python();
     let dir = tempfile::tempdir().expect("tempdir");
     let report = dir.path().join("report.json");
     let report_arg = report.display().to_string();

@@ -5,6 +5,7 @@
 mod body;
 mod headers;
 mod module_stream;
+mod peer;
 mod pool;
 mod websocket;
 
@@ -23,6 +24,7 @@ use crate::supervisor::{Gate, ModuleHandle};
 
 pub(crate) use body::CancelableBody;
 pub(crate) use headers::strip_hop_by_hop;
+pub use peer::PeerCheck;
 use pool::PoolError;
 pub(crate) use pool::PooledBody;
 pub use pool::{ConnectionStats, ModulePool};

@@ -25,6 +25,10 @@ pub struct Session {
     pub dir: PathBuf,
     /// `<dir>/sockets`, mode 0700: the modules' sockets.
     pub sockets: PathBuf,
+    /// Device and inode of `sockets` when it was prepared: in Ray's 0777
+    /// session folder another user can rename it and put a folder of their
+    /// own in its place (see [`Session::check_sockets`]).
+    sockets_id: (u64, u64),
     /// `<dir>/logs`: the host's and the modules' logs.
     pub logs: PathBuf,
     /// `logs`, held open: log files are opened through it, never through
@@ -48,14 +52,47 @@ impl Session {
         }
         let sockets = dir.join("sockets");
         private_dir(&sockets).map_err(err(&sockets))?;
+        let meta = fs::symlink_metadata(&sockets).map_err(err(&sockets))?;
         let logs = dir.join("logs");
         let log_dir = LogDir::open(dir).map_err(err(&logs))?;
         Ok(Session {
             dir: dir.to_path_buf(),
             sockets,
+            sockets_id: (meta.dev(), meta.ino()),
             logs,
             log_dir,
         })
+    }
+
+    /// Checks that `sockets/` is still the folder prepared at start-up: the
+    /// same folder (not one renamed into its place), not a link, owned by
+    /// this user. A module is started only then, so that it never binds in
+    /// a folder another user controls. Its mode is not checked: Ray itself
+    /// opens it to 0777 again once its processes run; a listener another
+    /// user puts in it is refused by the peer check on every connection
+    /// (`proxy::PeerCheck`).
+    pub fn check_sockets(&self) -> io::Result<()> {
+        let meta = fs::symlink_metadata(&self.sockets)?;
+        let me = nix::unistd::geteuid().as_raw();
+        let problem = if meta.file_type().is_symlink() {
+            Some("is now a symbolic link".to_owned())
+        } else if (meta.dev(), meta.ino()) != self.sockets_id {
+            Some("is no longer the folder prepared at start-up (it was replaced)".to_owned())
+        } else if meta.uid() != me {
+            Some(format!(
+                "is owned by uid {}, not by this user (uid {me})",
+                meta.uid()
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some(problem) => Err(io::Error::other(format!(
+                "{} {problem}; refusing to start modules there (restart ray-dashd)",
+                self.sockets.display()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The socket a module listens on: `<session>/sockets/dash_<name>`.
@@ -172,6 +209,26 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn a_replaced_sockets_folder_is_noticed() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let session = Session::prepare(tmp.path()).expect("prepare");
+        session.check_sockets().expect("the prepared folder");
+        fs::rename(&session.sockets, tmp.path().join("moved")).expect("rename");
+        fs::create_dir(&session.sockets).expect("mkdir");
+        fs::set_permissions(&session.sockets, fs::Permissions::from_mode(0o700)).expect("chmod");
+        let err = session.check_sockets().expect_err("replaced");
+        assert!(err.to_string().contains("replaced"), "{err}");
+        fs::remove_dir(&session.sockets).expect("rmdir");
+        fs::rename(tmp.path().join("moved"), &session.sockets).expect("back");
+        session.check_sockets().expect("the prepared folder again");
+        // Ray opens it to 0777 once its processes run: still ours.
+        fs::set_permissions(&session.sockets, fs::Permissions::from_mode(0o777)).expect("chmod");
+        session
+            .check_sockets()
+            .expect("the prepared folder, widened");
     }
 
     #[test]

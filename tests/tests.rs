@@ -23,5 +23,6 @@ mod ray_releases;
 mod ray_setup;
 mod ray_tls;
 mod shutdown;
+mod sockets;
 mod supervisor;
 mod ui;

@@ -56,6 +56,11 @@ impl ModuleStream {
         })
     }
 
+    /// The connected socket, for checks of its peer.
+    pub(crate) fn socket(&self) -> &StdUnixStream {
+        self.reader.socket.get_ref()
+    }
+
     /// The two halves, each usable on its own.
     pub(crate) fn into_split(self) -> (ModuleReader, ModuleWriter) {
         (self.reader, self.writer)

@@ -65,6 +65,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::module_stream::ModuleStream;
+use super::peer::PeerCheck;
 use crate::config::ConnectionLimits;
 
 /// First pause before connecting again when the module's listen backlog was
@@ -149,6 +150,9 @@ pub struct ModulePool {
 struct Inner {
     socket: PathBuf,
     limits: ConnectionLimits,
+    /// Who must serve `socket`, when the pool belongs to a process ray-dashd
+    /// started (see [`PeerCheck`]).
+    peer: Option<PeerCheck>,
     state: Mutex<State>,
 }
 
@@ -324,10 +328,21 @@ impl ModulePool {
     /// A pool of at most `limits.max_connections` connections to `socket`;
     /// none is opened yet.
     pub fn new(socket: PathBuf, limits: ConnectionLimits) -> ModulePool {
+        ModulePool::serving(socket, limits, None)
+    }
+
+    /// [`ModulePool::new`] whose every new connection is checked with
+    /// `peer`: a socket served by another process is refused.
+    pub fn serving(
+        socket: PathBuf,
+        limits: ConnectionLimits,
+        peer: Option<PeerCheck>,
+    ) -> ModulePool {
         ModulePool {
             inner: Arc::new(Inner {
                 socket,
                 limits,
+                peer,
                 state: Mutex::new(State::default()),
             }),
         }
@@ -528,6 +543,12 @@ impl ModulePool {
         let mut waited = Duration::ZERO;
         loop {
             match ModuleStream::connect(&self.inner.socket).await {
+                Ok(stream) => {
+                    if let Some(peer) = &self.inner.peer {
+                        peer.verify(stream.socket())?;
+                    }
+                    return Ok(stream);
+                }
                 Err(e)
                     if e.kind() == io::ErrorKind::WouldBlock && waited < CONNECT_RETRY_BUDGET =>
                 {

@@ -18,7 +18,7 @@ use super::spawn::{log_name, spawn_module, stop_child, tail};
 use super::state::{Gate, ModuleState};
 use super::ModuleShared;
 use crate::config::Supervision;
-use crate::proxy::ModulePool;
+use crate::proxy::{ModulePool, PeerCheck};
 use crate::session::Session;
 
 /// First pause between startup probes; it doubles up to [`MAX_STARTUP_POLL`].
@@ -131,7 +131,9 @@ impl ModuleTask {
         let (spawned, started_at) = match self.early.take() {
             Some((child, started_at)) => (Ok(child), started_at),
             None => (
-                remove_stale_socket(socket)
+                self.session
+                    .check_sockets()
+                    .and_then(|()| remove_stale_socket(socket))
                     .and_then(|()| spawn_module(&shared.spec, &self.session, socket, incarnation)),
                 SystemTime::now(),
             ),
@@ -162,7 +164,11 @@ impl ModuleTask {
         let mut exited: Option<ExitStatus> = None;
         let exit = child.wait();
         tokio::pin!(exit);
-        let client = ModulePool::new(socket.clone(), sup.connection_limits());
+        let client = ModulePool::serving(
+            socket.clone(),
+            sup.connection_limits(),
+            Some(PeerCheck::group_of(pid)),
+        );
         let mut ready_at = None;
 
         let end = 'life: {

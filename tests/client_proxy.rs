@@ -1006,6 +1006,85 @@ exec "$fake" "$@""#;
     drop(stranger);
 }
 
+/// A port another process binds before the server's own bind (between
+/// the pool's check and the server's start): the server never listens,
+/// and the stranger accepts. Its calls must not go there: the server is
+/// stopped and the client gets one on another port.
+#[tokio::test]
+async fn a_server_port_taken_before_the_server_binds_is_given_up() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fake = bin_dir()
+        .join("ray-dashd-fake-client-server")
+        .display()
+        .to_string();
+    // Each server start says its port and waits for the test; a port the
+    // test marks `hang_` gets a server that never binds.
+    let script = r#"dir=$0; fake=$1; shift
+for a; do case "$a" in --port=*) p=${a#--port=};; esac; done
+echo "$p" > "$dir/port.new" && mv "$dir/port.new" "$dir/port"
+i=0; while [ ! -e "$dir/go_$p" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+if [ -e "$dir/hang_$p" ]; then i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; exit 1; fi
+exec "$fake" "$@""#;
+    let dir_arg = dir.path().display().to_string();
+    let (d, port) = setup(port_block(13, 5))
+        .server_command(&["/bin/sh", "-c", script, &dir_arg, &fake])
+        .start()
+        .await;
+    let started_on = |dir: std::path::PathBuf| async move {
+        std::fs::read_to_string(dir.join("port"))
+            .ok()
+            .and_then(|text| text.trim().parse::<u16>().ok())
+    };
+    let connecting = tokio::spawn(async move { TestClient::connect(port, "taken", 30).await });
+    let first = eventually(WAIT, || started_on(dir.path().to_path_buf()))
+        .await
+        .expect("a server start began");
+    let stranger = std::net::TcpListener::bind(("127.0.0.1", first)).expect("bind the port first");
+    std::fs::write(dir.path().join(format!("hang_{first}")), b"").expect("hang");
+    std::fs::write(dir.path().join(format!("go_{first}")), b"").expect("go");
+    let second = eventually(WAIT, || async {
+        started_on(dir.path().to_path_buf())
+            .await
+            .filter(|&p| p != first)
+    })
+    .await
+    .expect("a server start on another port");
+    std::fs::write(dir.path().join(format!("go_{second}")), b"").expect("go");
+    let c = tokio::time::timeout(WAIT, connecting)
+        .await
+        .expect("connected in time")
+        .expect("client connects");
+    assert_eq!(
+        c.whoami().await["port"].as_u64(),
+        Some(u64::from(second)),
+        "the client's server is not on a port of its own"
+    );
+    // What reached the stranger: the readiness probe's connects, and no byte.
+    stranger.set_nonblocking(true).expect("nonblocking");
+    let mut bytes = 0;
+    while let Ok((mut conn, _)) = stranger.accept() {
+        conn.set_nonblocking(true).expect("nonblocking");
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = std::io::Read::read(&mut conn, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            bytes += n;
+        }
+    }
+    assert_eq!(bytes, 0, "a client's bytes reached the stranger");
+    let log = std::fs::read_to_string(
+        d.session()
+            .join("logs")
+            .join(format!("dashboard_{MODULE}.err")),
+    )
+    .unwrap_or_default();
+    assert!(
+        log.contains("another process listens"),
+        "the proxy did not say why: {log}"
+    );
+}
+
 /// The client port taken by another process: the module's state says so,
 /// and it takes the port once it is free.
 #[tokio::test]
@@ -1298,7 +1377,11 @@ async fn controlled_setup(ports: String, id: &str, args: &[&str]) -> ControlledS
     let marker = dir.path().join("port");
     let marker_arg = marker.display().to_string();
     let script = r#"for a; do case "$a" in --port=*) echo "${a#--port=}" > "$0.new" && mv "$0.new" "$0";; esac; done; exec sleep 600"#;
-    let mut proxy = setup(ports).server_command(&["/bin/sh", "-c", script, &marker_arg]);
+    // The test's relay, not the server's process, listens on the port.
+    let mut proxy = setup(ports)
+        .server_command(&["/bin/sh", "-c", script, &marker_arg])
+        .arg("--own-listener")
+        .arg("false");
     for arg in args {
         proxy = proxy.arg(arg);
     }

@@ -51,6 +51,13 @@ pub struct Args {
     /// 20 s) is taken as hung and its calls fail.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub server_ping: Duration,
+    /// Require a server's listener to be its own: a port on which only
+    /// another process's listener is found (once the server had 3 s to
+    /// bind) is given up like a shared one. Off: a server that listens
+    /// through a process of another group (a relay, a container) is
+    /// trusted when nothing of its own shows.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub own_listener: bool,
     /// Where the servers' `ray_client_server_<port>.out/.err` go; default
     /// `<session>/logs`.
     #[arg(long)]

@@ -124,6 +124,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             stop_grace: Duration::from_secs(2),
             ping: args.server_ping,
             tls: tls.clone(),
+            own_listener: args.own_listener,
         },
         Arc::new(PortPool::new(args.port_range.clone())),
         pid_file,

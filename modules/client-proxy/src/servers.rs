@@ -48,6 +48,9 @@ pub struct ServerCommand {
     /// certificate against `127.0.0.1`, the address dialled, as Ray's
     /// proxier does).
     pub tls: Option<RayTls>,
+    /// Whether a port where only another process listens is given up
+    /// (`--own-listener`).
+    pub own_listener: bool,
 }
 
 /// Why a server could not be had.
@@ -83,8 +86,8 @@ pub enum ServerError {
     },
     /// Another process listens on its port too (gRPC sets SO_REUSEPORT, so
     /// both could bind), and the kernel would split the client's calls
-    /// between them.
-    #[error("another process listens on port {port} too; a Ray client server there would share its connections")]
+    /// between them; or only another process listens there.
+    #[error("another process listens on port {port}; a Ray client server there would share its connections or never get them")]
     Shared {
         /// The port.
         port: u16,
@@ -346,10 +349,10 @@ impl Launcher {
         let log = self.error_log(port).display().to_string();
         match tokio::time::timeout(self.command.ready_timeout, wait_listening(&server)).await {
             Ok(Ok(())) => {
-                if shared_port(port, pid).await {
+                if shared_port(port, pid, self.command.own_listener).await {
                     warn!(
                         port,
-                        pid, "another process listens on the Ray client server's port too"
+                        pid, "another process listens on the Ray client server's port"
                     );
                     server.stop().await;
                     return Err(ServerError::Shared { port });
@@ -449,12 +452,14 @@ async fn wait_listening(server: &SpecificServer) -> Result<(), String> {
 const OWN_LISTENER_WAIT: Duration = Duration::from_secs(3);
 
 /// Whether the server of process group `group`, which answers on `port`,
-/// shares the port with another process's listener. When only another's
-/// listener is there, the server's own may be a moment from binding beside
-/// it: it is looked for a little while. A server whose listener never shows
-/// in its process group (one in a container of its own, say) cannot be
-/// told apart and counts as not shared.
-async fn shared_port(port: u16, group: u32) -> bool {
+/// shares the port with another process's listener, or does not listen on
+/// it at all while another process does. When only another's listener is
+/// there, the server's own may be a moment from binding beside it: it is
+/// looked for a little while; after that the port counts as another's, so
+/// a process that bound it between the pool's check and the server's own
+/// bind never gets a client's calls (its metadata and token included),
+/// unless `own_listener` is off.
+async fn shared_port(port: u16, group: u32, own_listener: bool) -> bool {
     let deadline = Instant::now() + OWN_LISTENER_WAIT;
     loop {
         match listeners::census(port, group) {
@@ -463,7 +468,7 @@ async fn shared_port(port: u16, group: u32) -> bool {
             Ok(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            Ok(_) => return false,
+            Ok(_) => return own_listener,
             Err(e) => {
                 debug!(port, error = %e, "cannot tell who listens on the port");
                 return false;

@@ -1,4 +1,5 @@
-//! The `ray-dashd` binary: parse, load the config, hand over to the library.
+//! The `ray-dashd` binary: parse, run a built-in program or load the config
+//! and hand over to the library.
 
 use std::process::ExitCode;
 
@@ -23,6 +24,10 @@ fn main() -> ExitCode {
             };
         }
     };
+    // `ray-dashd module logs`, `fork-shim`, `client-proxy`: not the server.
+    if let Some(builtin) = cli.builtin {
+        return builtin.run();
+    }
     let config = match Config::load(&cli) {
         Ok(config) => config,
         Err(e) => {

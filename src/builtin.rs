@@ -20,6 +20,18 @@ pub const FORK_SHIM: &str = "fork-shim";
 /// The subcommand of the Ray Client proxy.
 pub const CLIENT_PROXY: &str = "client-proxy";
 
+/// Runs the fork shim when the command line is `ray-dashd fork-shim …`,
+/// before anything else: the shim is started once per Ray module and stands
+/// for it all its life, so it skips clap, whose parser would fault in code
+/// and allocate for nothing (the shim parses its own arguments). Returns
+/// otherwise.
+pub fn fork_shim_if_asked() {
+    let mut argv = std::env::args_os();
+    if argv.nth(1).is_some_and(|first| first == FORK_SHIM) {
+        ray_dashd_fork_shim::main(argv)
+    }
+}
+
 /// A program the binary runs in place of the server.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Builtin {
@@ -31,7 +43,8 @@ pub enum Builtin {
     },
     /// Ray's fork shim: the process ray-dashd supervises for a Ray module
     /// forked by Ray's zygote. Its arguments are its own: `--zygote NAME
-    /// [--wait SECS] [--reply-timeout SECS] MODULE -- FALLBACK...`.
+    /// [--wait SECS] [--reply-timeout SECS] MODULE -- FALLBACK...`. (Run by
+    /// [`fork_shim_if_asked`] before clap parses anything; here for `--help`.)
     #[command(disable_help_flag = true)]
     ForkShim {
         /// The shim's arguments, passed on unparsed.

@@ -11,6 +11,8 @@ use ray_dashd::config::Config;
 const USAGE: u8 = 64;
 
 fn main() -> ExitCode {
+    // Never returns when the command line is `ray-dashd fork-shim …`.
+    ray_dashd::builtin::fork_shim_if_asked();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -223,7 +223,7 @@ def one_run(args, head: Head, mode: str) -> dict:
                 continue  # ray-dashd's short-lived helpers
             if pid == zygote:
                 continue
-            if "ray-dashd-fork-shim" in line:
+            if "fork-shim" in line:  # `ray-dashd fork-shim` or `ray-dashd-fork-shim`
                 shims.append(pid)
             elif pid in module_pids or mode == "fork":
                 children.append(pid)

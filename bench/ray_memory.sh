@@ -22,7 +22,7 @@ if [[ ! -x "$PYTHON" ]] || ! "$PYTHON" -c 'import ray' 2>/dev/null; then
     exit 1
 fi
 if [[ "$BUILD" == 1 ]]; then
-    (cd "$ROOT" && cargo build --release --locked -p ray-dashd -p ray-dashd-fork-shim)
+    (cd "$ROOT" && cargo build --release --locked -p ray-dashd)
 fi
 exec "$PYTHON" "$BENCH_DIR/ray_memory.py" --dashd "$ROOT/target/release/ray-dashd" \
     --python "$PYTHON" --rounds "$ROUNDS" --modes "$MODES" --settle "$SETTLE"

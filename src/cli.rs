@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::builtin::Builtin;
+
 /// Where Ray keeps the newest session's folder.
 pub const DEFAULT_SESSION_DIR: &str = "/tmp/ray/session_latest";
 
@@ -15,6 +17,11 @@ pub const DEFAULT_SESSION_DIR: &str = "/tmp/ray/session_latest";
 #[derive(Debug, Clone, Parser)]
 #[command(name = "ray-dashd", version, about, long_about = None)]
 pub struct Cli {
+    /// One of the programs this binary carries besides the server (ray-dashd
+    /// starts them itself); without one, the server runs.
+    #[command(subcommand)]
+    pub builtin: Option<Builtin>,
+
     /// The Ray session folder; created (with sockets/ and logs/) when missing.
     /// [default: /tmp/ray/session_latest]
     #[arg(long, env = "RAY_DASHD_SESSION_DIR", value_name = "DIR")]

@@ -453,9 +453,13 @@ impl Validator<'_> {
             module_defaults: defaults,
             ray: RaySettings {
                 modules: raw.ray.modules.unwrap_or_default(),
+                // Installed by the wheel, the Python of that environment.
                 python: raw
                     .ray
                     .python
+                    .or_else(|| {
+                        crate::wheel::wheel_python().map(|python| python.display().to_string())
+                    })
                     .unwrap_or_else(|| RaySettings::default().python),
                 client_port: cli
                     .ray_client_port
@@ -694,11 +698,20 @@ impl Validator<'_> {
 }
 
 impl ModuleSpec {
-    /// The program to execute: a bare name is looked up first beside the
-    /// running `ray-dashd` executable (where the workspace's module binaries
+    /// The program to execute: a bare `ray-dashd` is the running executable
+    /// (the built-in config and Ray's modules start `ray-dashd <builtin>`,
+    /// whatever the file is named); another bare name is looked up first
+    /// beside the running executable (where the workspace's module binaries
     /// are built), then on `PATH`; a path is used as written.
     pub fn program(&self) -> PathBuf {
         let program = Path::new(&self.program);
+        if self.program == crate::builtin::SELF_PROGRAM {
+            // Gone when the file was replaced since (an upgrade): then
+            // whatever is installed under the name now.
+            if let Some(exe) = std::env::current_exe().ok().filter(|exe| exe.is_file()) {
+                return exe;
+            }
+        }
         if program.components().count() == 1 {
             if let Some(dir) = std::env::current_exe()
                 .ok()

@@ -4,6 +4,8 @@
 //!
 //! - [`cli`] and [`config`]: the command line and the TOML config, validated
 //!   into typed values before anything binds or spawns.
+//! - [`builtin`]: the programs the binary carries besides the server (the
+//!   built-in modules, Ray's fork shim and client proxy).
 //! - [`session`]: the session folder, its `sockets/` and `logs/`.
 //! - [`supervisor`]: one task per module; spawn, health-check, restart.
 //! - [`proxy`] and [`routes`]: forwarding module routes over Unix sockets.
@@ -13,7 +15,9 @@
 //! - [`ray`]: Ray's own dashboard modules, when the session is a Ray head,
 //!   and what Ray's dashboard parent serves itself (token auth, GCS check).
 //! - [`shutdown`] and [`logging`]: signals and tracing.
+//! - [`wheel`]: the Python environment the wheel installed the binary into.
 
+pub mod builtin;
 pub mod cli;
 pub mod config;
 pub mod error;
@@ -26,6 +30,7 @@ pub mod server;
 pub mod session;
 pub mod shutdown;
 pub mod supervisor;
+pub mod wheel;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,4 +1,5 @@
-//! The `ray-dashd` binary: parse, load the config, hand over to the library.
+//! The `ray-dashd` binary: parse, run a built-in program or load the config
+//! and hand over to the library.
 
 use std::process::ExitCode;
 
@@ -10,6 +11,8 @@ use ray_dashd::config::Config;
 const USAGE: u8 = 64;
 
 fn main() -> ExitCode {
+    // Never returns when the command line is `ray-dashd fork-shim …`.
+    ray_dashd::builtin::fork_shim_if_asked();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -23,6 +26,10 @@ fn main() -> ExitCode {
             };
         }
     };
+    // `ray-dashd module logs`, `fork-shim`, `client-proxy`: not the server.
+    if let Some(builtin) = cli.builtin {
+        return builtin.run();
+    }
     let config = match Config::load(&cli) {
         Ok(config) => config,
         Err(e) => {

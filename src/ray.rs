@@ -22,6 +22,7 @@ use ray_dashd_tls::RayTls;
 use serde::Deserialize;
 use tracing::{info, warn};
 
+use crate::builtin;
 use crate::config::Config;
 use crate::error::StartupError;
 use crate::session::Session;
@@ -72,7 +73,7 @@ pub enum RayModules {
 #[serde(rename_all = "lowercase")]
 pub enum RayLaunch {
     /// Forked from one Python process that preloaded Ray and the module
-    /// classes (`zygote.py`), each through a `ray-dashd-fork-shim`; a module
+    /// classes (`zygote.py`), each through a `ray-dashd fork-shim`; a module
     /// the zygote cannot fork starts standalone.
     #[default]
     Fork,
@@ -112,9 +113,6 @@ impl Default for RaySettings {
         }
     }
 }
-
-/// The fork shim's binary, built beside ray-dashd's.
-const SHIM: &str = "ray-dashd-fork-shim";
 
 /// The module name of Ray's zygote (not a Ray class name, so its socket is
 /// none that a Ray module uses). `routes.py`'s `ZYGOTE_MODULE` is the same:
@@ -293,35 +291,40 @@ pub fn add_modules(
     let routes = launcher_dir.join("routes.py");
     // Both import Ray (most of their time): run them at once.
     let facts = std::thread::spawn(move || run(facts, ROUTES_TIMEOUT));
-    let shim = shim(settings.launch);
+    let fork = settings.launch == RayLaunch::Fork;
     // What the config's errors name as the source of Ray's modules.
-    let origin = match shim {
-        Some(_) => format!(
+    let origin = if fork {
+        format!(
             "<Ray's modules, reported by Ray's zygote to {}>",
             launcher_dir.join(REPORT_FILE).display()
-        ),
-        None => format!(
+        )
+    } else {
+        format!(
             "<Ray's modules, from {} {}>",
             settings.python,
             routes.display()
-        ),
+        )
     };
-    let generated = match shim {
-        Some(shim) => {
-            routes_args.extend(["--shim".into(), shim.into()]);
-            zygote_routes(
-                config,
-                session,
-                &settings.python,
-                &launcher_dir,
-                &routes_args,
-            )?
-        }
-        None => {
-            let mut command = Command::new(&settings.python);
-            command.arg(&routes).args(&routes_args);
-            run(command, ROUTES_TIMEOUT).map(|text| (text, None))
-        }
+    let generated = if fork {
+        // This binary, run as `ray-dashd fork-shim` (see `builtin`): it is
+        // always there, so forking never falls back for want of a shim.
+        routes_args.extend([
+            "--shim".into(),
+            builtin::SELF_PROGRAM.into(),
+            "--shim-arg".into(),
+            builtin::FORK_SHIM.into(),
+        ]);
+        zygote_routes(
+            config,
+            session,
+            &settings.python,
+            &launcher_dir,
+            &routes_args,
+        )?
+    } else {
+        let mut command = Command::new(&settings.python);
+        command.arg(&routes).args(&routes_args);
+        run(command, ROUTES_TIMEOUT).map(|text| (text, None))
     };
     let facts = facts
         .join()
@@ -467,7 +470,8 @@ fn client_proxy_toml(
 ) -> String {
     let quote = |s: &str| serde_json::to_string(s).expect("UNWRAP: a string serializes");
     let command = [
-        "ray-dashd-client-proxy",
+        builtin::SELF_PROGRAM,
+        builtin::CLIENT_PROXY,
         "--host",
         host,
         "--ray-client-port",
@@ -503,25 +507,6 @@ pub fn watcher(head: &RayHead, bound: SocketAddr) -> Result<Watcher<GcsClient>, 
         head.gcs_gone_after,
         head.parent.gcs.clone(),
     ))
-}
-
-/// The fork shim to start the modules through, when `launch` asks for
-/// forking and the shim is installed beside ray-dashd.
-fn shim(launch: RayLaunch) -> Option<PathBuf> {
-    if launch == RayLaunch::Standalone {
-        return None;
-    }
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.join(SHIM)))
-        .filter(|path| path.is_file());
-    if beside.is_none() {
-        warn!(
-            shim = SHIM,
-            "the fork shim is not installed beside ray-dashd; Ray's modules start standalone"
-        );
-    }
-    beside
 }
 
 /// The GCS address of the head `session` belongs to: Ray writes it to

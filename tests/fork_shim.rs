@@ -1,5 +1,5 @@
 //! The fork shim's contract: a module forked by the zygote
-//! (`modules/ray/zygote.py`) through `ray-dashd-fork-shim` behaves, for the
+//! (`modules/ray/zygote.py`) through `ray-dashd fork-shim` behaves, for the
 //! supervisor, like a process it started itself. The zygote's app here is
 //! `tests/fixtures/zygote_app.py` (aiohttp, from `RAY_DASHD_TEST_PYTHON`),
 //! so no Ray is needed.
@@ -32,7 +32,8 @@ fn zygote(python: &str) -> ModuleDef {
 
 /// Module `name` through the shim, with `flags` before its name.
 fn forked(python: &str, name: &str, flags: &[&str]) -> ModuleDef {
-    let mut command = vec!["ray-dashd-fork-shim", "--zygote", "Z"];
+    // This binary as the shim, as ray-dashd starts Ray's modules.
+    let mut command = vec!["ray-dashd", "fork-shim", "--zygote", "Z"];
     command.extend_from_slice(flags);
     command.extend_from_slice(&[name, "--", python, APP, name]);
     let path = format!("/zfx/{name}/info");

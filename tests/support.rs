@@ -161,6 +161,8 @@ pub struct DashdBuilder {
     session: Option<PathBuf>,
     env: Vec<(String, String)>,
     stall_stderr: bool,
+    binary: Option<PathBuf>,
+    default_config: bool,
 }
 
 /// Starts describing a ray-dashd fixture.
@@ -200,6 +202,19 @@ impl DashdBuilder {
         self
     }
 
+    /// Runs `binary` instead of the workspace's `ray-dashd`.
+    pub fn binary(mut self, binary: &Path) -> Self {
+        self.binary = Some(binary.to_path_buf());
+        self
+    }
+
+    /// Passes no `--config`: ray-dashd runs its built-in config (the
+    /// modules and `[server]` settings given here are not used).
+    pub fn default_config(mut self) -> Self {
+        self.default_config = true;
+        self
+    }
+
     /// Stops reading ray-dashd's stderr once it listens, as a stalled
     /// reader would, until [`Dashd::resume_stderr`]: the pipe fills.
     pub fn stall_stderr(mut self) -> Self {
@@ -229,13 +244,20 @@ impl DashdBuilder {
         let config = tmp.path().join("dashd.toml");
         std::fs::write(&config, self.config_text()).expect("write config");
         let session = self.session.clone().unwrap_or_else(|| tmp.path().join("s"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ray-dashd"))
+        let binary = self
+            .binary
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ray-dashd")));
+        let mut command = Command::new(binary);
+        command
             .arg("--session-dir")
             .arg(&session)
             .arg("--port")
-            .arg("0")
-            .arg("--config")
-            .arg(&config)
+            .arg("0");
+        if !self.default_config {
+            command.arg("--config").arg(&config);
+        }
+        let mut child = command
             .env("RAY_DASHD_LOG", "info,ray_dashd=debug")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

@@ -10,6 +10,7 @@ mod cli;
 mod client_proxy;
 mod fork_shim;
 mod guard;
+mod install;
 mod logging;
 mod module_connections;
 mod proxy_http;

@@ -4,7 +4,8 @@ Usage (with the Python that has `ray[default]` installed):
 
     python routes.py [--python PY] [--launcher PATH] [--omit PATH]...
                      [--all] [--startup-timeout SECS] [--env KEY=VALUE]...
-                     [--shim PATH [--zygote PATH]] [--compare REFERENCE.tsv]
+                     [--shim PROGRAM [--shim-arg ARG]... [--zygote PATH]]
+                     [--compare REFERENCE.tsv]
 
 Every route and its kind comes from the installed Ray, not from a list kept
 here: the routes are the handlers each SubprocessModule class declares, and
@@ -19,7 +20,7 @@ left out and reported on stderr, and the exit status is then 2.
 
 With --shim, the modules are forked from one preloaded Python process: a
 module `RayZygote` (no routes) runs `zygote.py` with `launcher.py` as its
-app, and each Ray module's command is the shim (`ray-dashd-fork-shim`),
+app, and each Ray module's command is the shim (`ray-dashd fork-shim`),
 which asks the zygote for a forked child and falls back to the standalone
 `python launcher.py <ClassName>` when it cannot. Without --shim, each module
 is a standalone `python launcher.py <ClassName>`.
@@ -125,7 +126,7 @@ def render(modules, args, internals, zygote_entry: bool = True) -> tuple:
             lines.append(f"# {name}: Ray leaves this module disabled here (is_enabled() is False)")
         command = [args.python, args.launcher, name]
         if args.shim:
-            command = [args.shim, "--zygote", ZYGOTE_MODULE, name, "--"] + command
+            command = [args.shim, *args.shim_arg, "--zygote", ZYGOTE_MODULE, name, "--"] + command
         env = {"RAY_DASHD_RAY_PYMODULE": cls.__module__, **extra_env}
         lines.append("[[modules]]")
         lines.append(f"name = {toml_str(name)}")
@@ -197,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--launcher", default=os.path.join(HERE, "launcher.py"),
                         help="path of launcher.py (default: the one beside this file)")
     parser.add_argument("--shim", default="",
-                        help="fork the modules from a zygote, through this ray-dashd-fork-shim")
+                        help="fork the modules from a zygote, through this shim program "
+                             "(`ray-dashd`, with --shim-arg fork-shim)")
+    parser.add_argument("--shim-arg", action="append", default=[], metavar="ARG",
+                        help="an argument of the shim program before its own (repeatable)")
     parser.add_argument("--zygote", default=os.path.join(HERE, "zygote.py"),
                         help="path of zygote.py (default: the one beside this file)")
     parser.add_argument("--omit", action="append", default=[], metavar="PATH",

@@ -54,6 +54,32 @@ use crate::servers::{Launcher, PidFile, PortPool, ServerCommand};
 /// Pause between attempts to bind a client port that is taken.
 const BIND_RETRY: Duration = Duration::from_secs(2);
 
+/// The entry point of both `ray-dashd client-proxy` and
+/// `ray-dashd-client-proxy`: runs [`run`] on a runtime of one thread, until
+/// SIGTERM or SIGINT.
+pub fn main(args: Args) -> std::process::ExitCode {
+    ray_dashd_sdk::init_tracing();
+    // One thread: servers are tied to the proxy by a parent-death signal,
+    // which the kernel ties to the thread that started them.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            error!(error = %e, "cannot start the async runtime");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = format!("{e:#}"), "client proxy failed");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the module until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let env = ModuleEnv::from_env()?;

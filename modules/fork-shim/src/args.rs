@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// One line of usage, printed after a bad command line.
-pub(crate) const USAGE: &str = "usage: ray-dashd-fork-shim --zygote NAME [--wait SECS] \
+pub(crate) const USAGE: &str = "usage: ray-dashd fork-shim --zygote NAME [--wait SECS] \
      [--reply-timeout SECS] MODULE -- FALLBACK-COMMAND...";
 
 /// How long to keep trying to reach a zygote that does not listen yet.

@@ -1,6 +1,8 @@
 //! `ray-dashd-logs`: a ray-dashd module serving the files of the Ray
 //! session's log folder: a listing, last lines, byte ranges, and a live
 //! tail as a stream or a websocket. The HTTP contract is in `README.md`.
+//! [`main`] runs it: `ray-dashd module logs` (the default config) and the
+//! `ray-dashd-logs` binary both call it.
 //!
 //! # Layout
 //!
@@ -23,8 +25,11 @@ mod routes;
 mod tail;
 mod ws;
 
+use std::process::ExitCode;
+
 use axum::routing::get;
 use axum::Router;
+use ray_dashd_sdk::ModuleEnv;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{LogsError, StartupError};
@@ -51,4 +56,50 @@ pub fn router(dir: LogDir, shutdown: CancellationToken) -> Router {
         .route(&format!("{PREFIX}/follow"), get(routes::follow))
         .route(&format!("{PREFIX}/ws"), get(ws::websocket))
         .with_state(AppState { dir, shutdown })
+}
+
+/// Runs the module until SIGTERM or SIGINT: reads the module environment,
+/// serves the log folder's routes plus `/api/healthz` on the host's socket.
+pub fn main() -> ExitCode {
+    ray_dashd_sdk::init_tracing();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "logs module failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> Result<(), StartupError> {
+    let env = ModuleEnv::from_env()?;
+    let path = env
+        .log_dir
+        .clone()
+        .or_else(|| env.session_dir.as_ref().map(|dir| dir.join("logs")))
+        .ok_or(StartupError::NoLogDir)?;
+    let dir = LogDir::new(&path)?;
+    tracing::info!(log_dir = %dir.root().display(), "serving log folder");
+
+    // Live tails never end on their own; cancel them on SIGTERM so the
+    // server's graceful shutdown can finish.
+    let signal = ray_dashd_sdk::shutdown_signal()?;
+    let token = CancellationToken::new();
+    let shutdown = {
+        let token = token.clone();
+        async move {
+            signal.await;
+            token.cancel();
+        }
+    };
+    let app = ray_dashd_sdk::with_healthz(router(dir, token));
+    ray_dashd_sdk::serve_router_until(&env, app, shutdown).await?;
+    Ok(())
 }

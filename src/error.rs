@@ -161,6 +161,21 @@ pub enum ProxyError {
         /// The limit in bytes.
         limit: u64,
     },
+    /// The client sent nothing of the request body for the body timeout
+    /// (`server.client_body_timeout_secs`).
+    #[error(
+        "the request body stalled: nothing came for {after:?} (server.client_body_timeout_secs)"
+    )]
+    BodyTimeout {
+        /// The timeout that passed.
+        after: Duration,
+    },
+    /// The request body broke off or is malformed (a bad chunk, say).
+    #[error("bad request body: {reason}")]
+    BadBody {
+        /// What was wrong with it.
+        reason: String,
+    },
 }
 
 impl ProxyError {
@@ -176,6 +191,8 @@ impl ProxyError {
                 StatusCode::GATEWAY_TIMEOUT
             }
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::BadBody { .. } => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -227,6 +244,13 @@ impl IntoResponse for ProxyError {
             if let Ok(value) = HeaderValue::from_str(allow) {
                 headers.insert(header::ALLOW, value);
             }
+        }
+        if matches!(
+            self,
+            ProxyError::BodyTimeout { .. } | ProxyError::BadBody { .. }
+        ) {
+            // The rest of the body cannot be told from a next request.
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         response

@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::ServerSettings;
 use crate::guard::{Guard, Refusal};
-use crate::proxy::Proxy;
+use crate::proxy::{is_send_timeout, Proxy, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
 use crate::routes::Lookup;
 use crate::supervisor::Supervisor;
@@ -352,6 +352,9 @@ pub async fn serve(
         if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
             debug!(error = %e, "cannot set TCP keepalive");
         }
+        // Every write to the client, a websocket's too (the relay takes the
+        // guard over), waits at most the send timeout for the client.
+        let stream = WriteTimeout::new(stream, settings.client_send_timeout, peer);
         let connection = http
             .serve_connection(TokioIo::new(stream), service.clone())
             .with_upgrades();
@@ -366,8 +369,11 @@ pub async fn serve(
                     connection.await
                 }
             };
-            if let Err(e) = ended {
-                debug!(%peer, error = %e, "connection ended with an error");
+            match ended {
+                // The guard logged it already.
+                Err(e) if is_send_timeout(&e) => {}
+                Err(e) => debug!(%peer, error = %e, "connection ended with an error"),
+                Ok(()) => {}
             }
         });
     }

@@ -68,6 +68,10 @@ pub enum StartupError {
     /// Ray's modules were asked for but cannot be hosted.
     #[error("ray: {0}")]
     Ray(String),
+    /// Ray's token mode is on and ray-dashd cannot check tokens: it will
+    /// not serve without them.
+    #[error(transparent)]
+    TokenAuth(#[from] crate::ray::auth::TokenError),
     /// The async runtime or its signal handlers could not be set up.
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),

@@ -235,19 +235,21 @@ pub struct Dispatch {
     /// Which requests are answered at all (Host, Origin; Ray's browser
     /// rule when Ray's modules are hosted).
     guard: Arc<Guard>,
-    /// Ray's token, when Ray's modules are hosted and its token
-    /// authentication is on: every request but the public ones must bear it.
+    /// Ray's token, when its token authentication is on (whether or not
+    /// Ray's modules are hosted): every request but the public ones must
+    /// bear it.
     token: Option<auth::Token>,
 }
 
 impl Dispatch {
     /// Serves `state`'s module routes through the proxy and the rest through
-    /// [`router`], what `guard` admits of either.
-    pub fn new(state: AppState, guard: Guard) -> Dispatch {
+    /// [`router`], what `guard` admits of either, to requests bearing
+    /// `token` when one is given.
+    pub fn new(state: AppState, guard: Guard, token: Option<auth::Token>) -> Dispatch {
         Dispatch {
             proxy: Arc::clone(&state.proxy),
             guard: Arc::new(guard),
-            token: state.ray.as_ref().and_then(|ray| ray.token.clone()),
+            token,
             router: router(state),
         }
     }

@@ -1071,6 +1071,28 @@ routes = [{ method = "POST", path = "/api/jobs/", type = "http" }]
         }
     }
 
+    /// The client idle timeouts default to nginx's 60 s, are read in
+    /// seconds, and 0 (which would cut every wait) is refused.
+    #[test]
+    fn client_idle_timeouts_default_to_60_s_and_refuse_0() {
+        let c = load("").expect("valid");
+        assert_eq!(c.server.client_send_timeout, Duration::from_secs(60));
+        assert_eq!(c.server.client_body_timeout, Duration::from_secs(60));
+        let c = load("[server]\nclient_send_timeout_secs = 2.5\nclient_body_timeout_secs = 7\n")
+            .expect("valid");
+        assert_eq!(c.server.client_send_timeout, Duration::from_millis(2500));
+        assert_eq!(c.server.client_body_timeout, Duration::from_secs(7));
+        for field in ["client_send_timeout_secs", "client_body_timeout_secs"] {
+            let msg = load(&format!("[server]\n{field} = 0\n"))
+                .expect_err(field)
+                .to_string();
+            assert_eq!(
+                msg,
+                format!("config test.toml: server.{field}: must be more than 0")
+            );
+        }
+    }
+
     #[test]
     fn zero_backoff_or_stable_after_is_refused() {
         let cases = [

@@ -52,6 +52,13 @@ pub struct ServerSettings {
     pub http_response_timeout: Duration,
     /// How long in-flight requests may take to finish after SIGTERM or SIGINT.
     pub shutdown_grace: Duration,
+    /// How long one write to a client may wait for the client to take data
+    /// before its connection is closed (and its module request cancelled);
+    /// any progress starts it over.
+    pub client_send_timeout: Duration,
+    /// How long a request body may send nothing while its module waits for
+    /// it before the request is cancelled (408); any progress starts it over.
+    pub client_body_timeout: Duration,
     /// Threads of the async runtime; 1 runs everything on one thread, the
     /// cheapest per request when the modules behind need the other cores.
     pub worker_threads: usize,
@@ -114,6 +121,13 @@ pub struct Supervision {
 /// sets, so the host alone can never fill a module's backlog, where a
 /// connect fails at once with EAGAIN.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 100;
+
+/// Default of `server.client_send_timeout_secs` and
+/// `server.client_body_timeout_secs`: nginx's `send_timeout` and
+/// `client_body_timeout`. Long enough for a client on a bad link or a
+/// laptop waking up; short enough that a client that stopped reading or
+/// sending lets its module request go within a minute.
+pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Requests that may wait for a connection per module when the config names
 /// no number: ten times the default connections, so a burst of a thousand
@@ -232,6 +246,8 @@ struct RawServer {
     max_websocket_message_bytes: Option<usize>,
     http_response_timeout_secs: Option<f64>,
     shutdown_grace_secs: Option<f64>,
+    client_send_timeout_secs: Option<f64>,
+    client_body_timeout_secs: Option<f64>,
     worker_threads: Option<usize>,
     allowed_hosts: Option<Vec<String>>,
     allowed_origins: Option<Vec<String>>,
@@ -421,6 +437,16 @@ impl Validator<'_> {
                 "server.shutdown_grace_secs",
                 s.shutdown_grace_secs,
                 Duration::from_secs(10),
+            )?,
+            client_send_timeout: self.positive_secs(
+                "server.client_send_timeout_secs",
+                s.client_send_timeout_secs,
+                DEFAULT_CLIENT_IDLE_TIMEOUT,
+            )?,
+            client_body_timeout: self.positive_secs(
+                "server.client_body_timeout_secs",
+                s.client_body_timeout_secs,
+                DEFAULT_CLIENT_IDLE_TIMEOUT,
             )?,
             worker_threads: match s.worker_threads {
                 None => 1,
@@ -619,6 +645,19 @@ impl Validator<'_> {
                     format!("{v} is not a non-negative number of seconds"),
                 )
             }),
+        }
+    }
+
+    /// As [`Validator::secs`], but 0 is refused too.
+    fn positive_secs(
+        &self,
+        field: &str,
+        value: Option<f64>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match self.secs(field, value, default)? {
+            Duration::ZERO => Err(self.invalid(field, "must be more than 0")),
+            secs => Ok(secs),
         }
     }
 
@@ -1042,6 +1081,28 @@ routes = [{ method = "POST", path = "/api/jobs/", type = "http" }]
         ];
         for (method, path) in ray_routes {
             load(&module_with_route(method, path)).expect(path);
+        }
+    }
+
+    /// The client idle timeouts default to nginx's 60 s, are read in
+    /// seconds, and 0 (which would cut every wait) is refused.
+    #[test]
+    fn client_idle_timeouts_default_to_60_s_and_refuse_0() {
+        let c = load("").expect("valid");
+        assert_eq!(c.server.client_send_timeout, Duration::from_secs(60));
+        assert_eq!(c.server.client_body_timeout, Duration::from_secs(60));
+        let c = load("[server]\nclient_send_timeout_secs = 2.5\nclient_body_timeout_secs = 7\n")
+            .expect("valid");
+        assert_eq!(c.server.client_send_timeout, Duration::from_millis(2500));
+        assert_eq!(c.server.client_body_timeout, Duration::from_secs(7));
+        for field in ["client_send_timeout_secs", "client_body_timeout_secs"] {
+            let msg = load(&format!("[server]\n{field} = 0\n"))
+                .expect_err(field)
+                .to_string();
+            assert_eq!(
+                msg,
+                format!("config test.toml: server.{field}: must be more than 0")
+            );
         }
     }
 

@@ -68,6 +68,10 @@ pub enum StartupError {
     /// Ray's modules were asked for but cannot be hosted.
     #[error("ray: {0}")]
     Ray(String),
+    /// Ray's token mode is on and ray-dashd cannot check tokens: it will
+    /// not serve without them.
+    #[error(transparent)]
+    TokenAuth(#[from] crate::ray::auth::TokenError),
     /// The async runtime or its signal handlers could not be set up.
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -161,6 +165,21 @@ pub enum ProxyError {
         /// The limit in bytes.
         limit: u64,
     },
+    /// The client sent nothing of the request body for the body timeout
+    /// (`server.client_body_timeout_secs`).
+    #[error(
+        "the request body stalled: nothing came for {after:?} (server.client_body_timeout_secs)"
+    )]
+    BodyTimeout {
+        /// The timeout that passed.
+        after: Duration,
+    },
+    /// The request body broke off or is malformed (a bad chunk, say).
+    #[error("bad request body: {reason}")]
+    BadBody {
+        /// What was wrong with it.
+        reason: String,
+    },
 }
 
 impl ProxyError {
@@ -176,6 +195,8 @@ impl ProxyError {
                 StatusCode::GATEWAY_TIMEOUT
             }
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::BadBody { .. } => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -227,6 +248,13 @@ impl IntoResponse for ProxyError {
             if let Ok(value) = HeaderValue::from_str(allow) {
                 headers.insert(header::ALLOW, value);
             }
+        }
+        if matches!(
+            self,
+            ProxyError::BodyTimeout { .. } | ProxyError::BadBody { .. }
+        ) {
+            // The rest of the body cannot be told from a next request.
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         response

@@ -96,6 +96,17 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
         let _runtime = runtime.enter();
         ray::add_modules(&mut config, &session)?
     };
+    // Token mode fails closed: Ray's own answer when its modules are
+    // hosted (a release without token authentication ignores the mode, and
+    // so does ray-dashd, with a warning); else the token found as Ray finds
+    // it, and no start at all without one.
+    let token = match &ray_head {
+        Some(head) => head.parent.token.clone(),
+        None => ray::auth::token_from_env(|name| std::env::var_os(name))?,
+    };
+    if ray_head.is_none() && token.is_some() {
+        info!("RAY_AUTH_MODE=token: every request but the public ones must bear the token");
+    }
     for module in &config.modules {
         Session::check_socket_path(&session.socket_path(&module.name))?;
     }
@@ -129,7 +140,7 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
                 }
             }
         };
-        run(config, session, listener, parent, early, shutdown).await;
+        run(config, session, listener, parent, token, early, shutdown).await;
         Ok(stopped)
     });
     // A blocking helper still running must not hold up the exit; the
@@ -139,14 +150,15 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
 }
 
 /// Starts the modules (taking over those in `early`) and serves on
-/// `listener` (with Ray's parent-side pages when `ray` is given) until
-/// `shutdown` resolves;
+/// `listener` (with Ray's parent-side pages when `ray` is given, and only
+/// to requests bearing `token` when given) until `shutdown` resolves;
 /// then drains the HTTP server, stops the modules and removes their sockets.
 pub async fn run(
     config: Config,
     session: Session,
     listener: TcpListener,
     ray: Option<ray::RayParent>,
+    token: Option<ray::auth::Token>,
     early: impl IntoIterator<Item = supervisor::EarlyStart>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -168,6 +180,7 @@ pub async fn run(
             ray: ray.map(Arc::new),
         },
         guard,
+        token,
     );
     info!(
         addr = %local,

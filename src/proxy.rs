@@ -4,6 +4,7 @@
 
 mod body;
 mod headers;
+mod idle;
 mod module_stream;
 mod peer;
 mod pool;
@@ -24,6 +25,8 @@ use crate::supervisor::{Gate, ModuleHandle};
 
 pub(crate) use body::CancelableBody;
 pub(crate) use headers::strip_hop_by_hop;
+pub(crate) use idle::{is_send_timeout, WriteTimeout};
+use idle::{BodyTimeout, ClientBodyError};
 pub use peer::PeerCheck;
 use pool::PoolError;
 pub(crate) use pool::PooledBody;
@@ -44,15 +47,18 @@ pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
+/// The first of `error` and its causes that is an `E`.
+fn cause<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
     let mut current = Some(error);
     while let Some(e) = current {
-        if e.is::<E>() {
-            return true;
+        if let Some(found) = e.downcast_ref::<E>() {
+            return Some(found);
         }
         current = e.source();
     }
-    false
+    None
 }
 
 /// The module routes and what is needed to forward to them.
@@ -129,7 +135,11 @@ impl Proxy {
         }
         let (parts, body) = request.into_parts();
         let body = Body::new(Limited::new(
-            body,
+            BodyTimeout::new(
+                body,
+                self.settings.client_body_timeout,
+                module.shared_name(),
+            ),
             usize::try_from(limit).unwrap_or(usize::MAX),
         ));
         let upstream = upstream_request(parts, body);
@@ -221,7 +231,7 @@ async fn send(
         result = bounded => result,
     };
     match result {
-        Ok(Ok(response)) => Ok(response),
+        Ok(Ok(response)) => check_framing(name, response),
         Ok(Err(PoolError::Busy {
             connections,
             queued,
@@ -235,16 +245,50 @@ async fn send(
             after: queue_wait,
             connections,
         }),
-        Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => Err(ProxyError::BodyTooLarge {
+        Ok(Err(e)) if cause::<LengthLimitError>(&e).is_some() => Err(ProxyError::BodyTooLarge {
             limit: settings.max_request_body_bytes,
         }),
-        Ok(Err(e)) => Err(ProxyError::Upstream {
-            module: name.to_owned(),
-            reason: error_chain(&e),
-        }),
+        // The client's body failed the exchange, not the module.
+        Ok(Err(e)) => match cause::<ClientBodyError>(&e) {
+            Some(ClientBodyError::TimedOut(after)) => {
+                Err(ProxyError::BodyTimeout { after: *after })
+            }
+            Some(broken) => Err(ProxyError::BadBody {
+                reason: error_chain(broken),
+            }),
+            None => Err(ProxyError::Upstream {
+                module: name.to_owned(),
+                reason: error_chain(&e),
+            }),
+        },
         Err(after) => Err(ProxyError::Timeout {
             module: name.to_owned(),
             after,
         }),
     }
+}
+
+/// Refuses a module's answer whose framing is ambiguous: with both
+/// `Transfer-Encoding` and `Content-Length`, hyper reads the body as the
+/// transfer coding says (RFC 9112 §6.3), but the `Content-Length` would
+/// reach the client, which would read a different body from the same
+/// bytes: a response-splitting shape the RFC says ought to be handled as
+/// an error. Dropping the answer closes its module connection, whose
+/// framing can no longer be trusted.
+fn check_framing(
+    module: &str,
+    response: http::Response<PooledBody>,
+) -> Result<http::Response<PooledBody>, ProxyError> {
+    let headers = response.headers();
+    if headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.contains_key(header::CONTENT_LENGTH)
+    {
+        return Err(ProxyError::Upstream {
+            module: module.to_owned(),
+            reason: "it answered with both Transfer-Encoding and Content-Length \
+                     (RFC 9112 §6.3: the body's length is ambiguous)"
+                .to_owned(),
+        });
+    }
+    Ok(response)
 }

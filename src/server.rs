@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::ServerSettings;
 use crate::guard::{Guard, Refusal};
-use crate::proxy::Proxy;
+use crate::proxy::{is_send_timeout, Proxy, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
 use crate::routes::Lookup;
 use crate::supervisor::Supervisor;
@@ -235,19 +235,21 @@ pub struct Dispatch {
     /// Which requests are answered at all (Host, Origin; Ray's browser
     /// rule when Ray's modules are hosted).
     guard: Arc<Guard>,
-    /// Ray's token, when Ray's modules are hosted and its token
-    /// authentication is on: every request but the public ones must bear it.
+    /// Ray's token, when its token authentication is on (whether or not
+    /// Ray's modules are hosted): every request but the public ones must
+    /// bear it.
     token: Option<auth::Token>,
 }
 
 impl Dispatch {
     /// Serves `state`'s module routes through the proxy and the rest through
-    /// [`router`], what `guard` admits of either.
-    pub fn new(state: AppState, guard: Guard) -> Dispatch {
+    /// [`router`], what `guard` admits of either, to requests bearing
+    /// `token` when one is given.
+    pub fn new(state: AppState, guard: Guard, token: Option<auth::Token>) -> Dispatch {
         Dispatch {
             proxy: Arc::clone(&state.proxy),
             guard: Arc::new(guard),
-            token: state.ray.as_ref().and_then(|ray| ray.token.clone()),
+            token,
             router: router(state),
         }
     }
@@ -352,6 +354,9 @@ pub async fn serve(
         if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
             debug!(error = %e, "cannot set TCP keepalive");
         }
+        // Every write to the client, a websocket's too (the relay takes the
+        // guard over), waits at most the send timeout for the client.
+        let stream = WriteTimeout::new(stream, settings.client_send_timeout, peer);
         let connection = http
             .serve_connection(TokioIo::new(stream), service.clone())
             .with_upgrades();
@@ -366,8 +371,11 @@ pub async fn serve(
                     connection.await
                 }
             };
-            if let Err(e) = ended {
-                debug!(%peer, error = %e, "connection ended with an error");
+            match ended {
+                // The guard logged it already.
+                Err(e) if is_send_timeout(&e) => {}
+                Err(e) => debug!(%peer, error = %e, "connection ended with an error"),
+                Ok(()) => {}
             }
         });
     }

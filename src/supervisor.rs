@@ -52,6 +52,9 @@ pub(crate) struct ModuleShared {
     pub(crate) socket: PathBuf,
     status: Mutex<Status>,
     controls: mpsc::Sender<Control>,
+    /// Cancelled when the host shuts down, before any incarnation's gate:
+    /// what ends a request then is the shutdown, not a module failure.
+    pub(crate) shutdown: CancellationToken,
 }
 
 impl ModuleShared {
@@ -87,6 +90,12 @@ impl ModuleHandle {
     /// The module's name as a shared string.
     pub(crate) fn shared_name(&self) -> &Arc<str> {
         &self.shared.name
+    }
+
+    /// Cancelled when the host shuts down, before the gate of the
+    /// incarnation it stops is.
+    pub(crate) fn shutdown_token(&self) -> &CancellationToken {
+        &self.shared.shutdown
     }
 
     /// Lets a request through to the healthy incarnation, or says why not.
@@ -301,6 +310,7 @@ impl Supervisor {
                     socket,
                     status: Mutex::new(Status::default()),
                     controls: controls_tx,
+                    shutdown: stop.clone(),
                 });
                 let task = ModuleTask {
                     shared: Arc::clone(&shared),

@@ -273,3 +273,120 @@ async fn missing_or_repeated_host_is_400() {
         assert_eq!(status(&response), "200", "{response}");
     }
 }
+
+/// `GET path` with `token` as `Authorization: Bearer`, when given; the
+/// status.
+async fn status_with_token(d: &Dashd, path: &str, token: Option<&str>) -> u16 {
+    let mut request = client().get(d.url(path));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.expect("request").status().as_u16()
+}
+
+/// With `RAY_AUTH_MODE=token` and Ray's modules not hosted (no Ray head
+/// here), the host's own API and the modules' routes, the logs module's
+/// included, need the token found as Ray finds it (here `RAY_AUTH_TOKEN`):
+/// 401 without it, 403 with a wrong one, 200 with it. Health stays public.
+/// (They answered anyone before.)
+#[tokio::test]
+async fn token_mode_without_ray_requires_the_token() {
+    let d = dashd()
+        .env("RAY_AUTH_MODE", "token")
+        .env("RAY_AUTH_TOKEN", "s3cret")
+        .module(test_module("tm"))
+        .module(logs_module())
+        .start();
+    let ready = eventually(WAIT, || async {
+        let response = client()
+            .get(d.url("/api/modules"))
+            .bearer_auth("s3cret")
+            .send()
+            .await
+            .ok()?;
+        let reports: Vec<Value> = response.json().await.ok()?;
+        reports
+            .iter()
+            .all(|report| report["state"] == "healthy")
+            .then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "modules not healthy; log:\n{}", d.log());
+    for path in [
+        "/api/modules",
+        "/api/dashd/logs/files",
+        "/test/echo",
+        "/dashd/",
+    ] {
+        assert_eq!(status_with_token(&d, path, None).await, 401, "{path}");
+        assert_eq!(
+            status_with_token(&d, path, Some("nope")).await,
+            403,
+            "{path}"
+        );
+        assert_eq!(
+            status_with_token(&d, path, Some("s3cret")).await,
+            200,
+            "{path}"
+        );
+    }
+    assert_eq!(status_with_token(&d, "/api/healthz", None).await, 200);
+}
+
+/// With `RAY_AUTH_MODE=token`, Ray's modules not hosted and no token where
+/// Ray looks (`RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH`, `~/.ray/auth_token`),
+/// ray-dashd does not start: exit 1, with one line saying why and how to
+/// fix it. (It served everyone before.)
+#[test]
+fn token_mode_without_a_token_refuses_to_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).expect("mkdir");
+    let config = dir.path().join("dashd.toml");
+    std::fs::write(&config, "[server]\n").expect("config");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ray-dashd"))
+        .arg("--session-dir")
+        .arg(dir.path().join("s"))
+        .arg("--port")
+        .arg("0")
+        .arg("--config")
+        .arg(&config)
+        .env("RAY_AUTH_MODE", "token")
+        .env("HOME", &home)
+        .env_remove("RAY_AUTH_TOKEN")
+        .env_remove("RAY_AUTH_TOKEN_PATH")
+        .env_remove("RAY_ENABLE_K8S_TOKEN_AUTH")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ray-dashd");
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("ray-dashd did not exit: it started without a token");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert_eq!(
+        last,
+        format!(
+            "ray-dashd: RAY_AUTH_MODE=token, but no token was found: set RAY_AUTH_TOKEN, or \
+             write the token to {}/.ray/auth_token or to a file named by RAY_AUTH_TOKEN_PATH \
+             (as for `ray start`); or unset RAY_AUTH_MODE to serve without authentication",
+            home.display()
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("listening"), "{stderr}");
+}

@@ -426,3 +426,144 @@ async fn oversized_request_head_is_refused() {
         .expect("request");
     assert_eq!(fine.status(), 200);
 }
+
+/// Sends `head` and then `body` bytes one at a time, `pause` apart, on a
+/// raw connection; returns it for the answer to be read.
+async fn trickle(
+    d: &crate::support::Dashd,
+    head: &str,
+    body: &[u8],
+    pause: Duration,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(d.addr())
+        .await
+        .expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("head");
+    for byte in body {
+        stream
+            .write_all(&[*byte])
+            .await
+            .expect("a byte of the body");
+        // Pacing the upload, not waiting for a condition.
+        tokio::time::sleep(pause).await;
+    }
+    stream
+}
+
+/// Reads what the host answers until it closes the connection (bounded).
+async fn read_answer(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut answer))
+        .await
+        .expect("the host closed the connection in time")
+        .expect("read");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// The line ray-dashd logs when a request body's timeout expires.
+const BODY_TIMEOUT_LINE: &str = "client sent nothing of its request body for the body timeout";
+
+/// A request body that stops coming is cut once the module has waited the
+/// body timeout for more: the client gets 408 and its connection closed,
+/// the module's request is cancelled, and one info line says why.
+#[tokio::test]
+async fn a_stalled_request_body_is_cut_after_the_body_timeout() {
+    let d = dashd()
+        .server("client_body_timeout_secs", "1")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let head = "POST /test/body HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n";
+    let started = std::time::Instant::now();
+    let mut stream = trickle(&d, head, b"0123456789", Duration::ZERO).await;
+    d.wait_in_flight(1).await;
+    let answer = read_answer(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(answer.contains("client_body_timeout_secs"), "{answer}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "cut after {:?}: before the body timeout",
+        started.elapsed()
+    );
+    let released = eventually(WAIT, || async {
+        let stats = d.test_stats().await?;
+        (stats["requests_in_flight"] == 0).then_some(())
+    })
+    .await;
+    assert!(released.is_some(), "the module's request was not cancelled");
+    let log = d.log();
+    assert_eq!(log.matches(BODY_TIMEOUT_LINE).count(), 1, "{log}");
+    assert!(!log.lines().any(|l| l.contains("WARN")), "{log}");
+}
+
+/// An upload that trickles in, each byte well within the body timeout but
+/// all of it taking longer, goes through whole.
+#[tokio::test]
+async fn a_slow_but_steady_upload_outlasts_the_body_timeout() {
+    let d = dashd()
+        .server("client_body_timeout_secs", "1")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let head = "POST /test/body HTTP/1.1\r\nHost: localhost\r\nContent-Length: 12\r\nConnection: close\r\n\r\n";
+    let mut stream = trickle(&d, head, b"0123456789ab", Duration::from_millis(250)).await;
+    let answer = read_answer(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert!(answer.ends_with("{\"bytes\":12}"), "{answer}");
+}
+
+/// A malformed chunked body is the client's fault: 400 with the reason,
+/// and no warning in the log (it was a 502 "module failed" and a WARN per
+/// request).
+#[tokio::test]
+async fn a_malformed_chunked_body_is_400_and_no_warning() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let answer = raw_exchange(
+        d.addr(),
+        b"POST /test/body HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\
+          Connection: close\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(answer.contains("bad request body"), "{answer}");
+    let log = d.log();
+    assert!(!log.lines().any(|l| l.contains("WARN")), "{log}");
+}
+
+/// A module answer with both `Content-Length` and `Transfer-Encoding` is
+/// refused with 502 and the reason (RFC 9112 §6.3), not passed on with a
+/// length that does not match its body.
+#[tokio::test]
+async fn a_module_answer_with_content_length_and_transfer_encoding_is_502() {
+    let d = dashd()
+        .module(
+            crate::support::command_module("raw", &["sleep", "600"]).routes(&[(
+                "GET",
+                "/raw/smuggle",
+                "http",
+            )]),
+        )
+        .start();
+    crate::support::raw_module(
+        &d,
+        "raw",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n\
+          b\r\nhello world\r\n0\r\n\r\n",
+    )
+    .await;
+    d.healthy("raw", 0).await;
+    let response = client()
+        .get(d.url("/raw/smuggle"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 502);
+    let body: Value = response.json().await.expect("json");
+    let message = body["message"].as_str().expect("message");
+    assert!(
+        message.contains("both Transfer-Encoding and Content-Length"),
+        "{body}"
+    );
+}

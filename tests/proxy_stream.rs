@@ -105,3 +105,126 @@ async fn slow_client_applies_backpressure() {
         "the module finished despite the stalled client"
     );
 }
+
+/// Opens a raw connection with a small receive buffer (so that the host's
+/// writes soon wait for the client) and sends a GET for `path`.
+fn raw_get(d: &crate::support::Dashd, path: &str) -> std::net::TcpStream {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.set_recv_buffer_size(64 * 1024).expect("SO_RCVBUF");
+    socket.connect(&d.addr().into()).expect("connect");
+    let mut stream = std::net::TcpStream::from(socket);
+    stream.set_read_timeout(Some(WAIT)).expect("read timeout");
+    std::io::Write::write_all(
+        &mut stream,
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes(),
+    )
+    .expect("request");
+    stream
+}
+
+/// The line ray-dashd logs when a client's send timeout expires.
+const SEND_TIMEOUT_LINE: &str = "client took nothing written to it for the send timeout";
+
+/// A client that stops reading a stream is cut once a write has waited the
+/// send timeout: its connection is closed, the module sees its request
+/// cancelled, and one info line says why.
+#[tokio::test]
+async fn client_that_stops_reading_is_cut_after_the_send_timeout() {
+    let d = dashd()
+        .server("client_send_timeout_secs", "1")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let mut stream = raw_get(&d, "/test/stream?chunks=1000000&size=65536");
+    let mut first = [0u8; 4096];
+    let n = std::io::Read::read(&mut stream, &mut first).expect("first bytes");
+    assert!(first[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &first[..n]);
+    // From here the client reads nothing: the host's writes soon wait.
+    let stopped = std::time::Instant::now();
+    let cancelled = eventually(WAIT, || async {
+        (stats(&d).await["streams_cancelled"] == 1).then_some(())
+    })
+    .await;
+    assert!(
+        cancelled.is_some(),
+        "the module's stream was not cancelled; log:\n{}",
+        d.log()
+    );
+    let after = stopped.elapsed();
+    assert!(
+        after >= std::time::Duration::from_secs(1),
+        "cut {after:?} after the client stopped reading: before the send timeout"
+    );
+    // The connection is closed: what was in flight drains, then it ends.
+    let mut rest = Vec::new();
+    let ended = std::io::Read::read_to_end(&mut stream, &mut rest);
+    assert!(
+        ended.is_ok()
+            || ended
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the client's connection did not end: {ended:?}"
+    );
+    let log = d.log();
+    assert_eq!(
+        log.matches(SEND_TIMEOUT_LINE).count(),
+        1,
+        "one line for one timeout; log:\n{log}"
+    );
+    assert!(
+        !log.lines().any(|l| l.contains("WARN")),
+        "a client's timeout is no warning; log:\n{log}"
+    );
+}
+
+/// A client that reads a stream slowly but steadily, for longer than the
+/// send timeout, is not cut: each write it takes starts the timeout over.
+#[tokio::test]
+async fn slow_but_steady_reader_outlasts_the_send_timeout() {
+    let d = dashd()
+        .server("client_send_timeout_secs", "1")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let mut stream = raw_get(&d, "/test/stream?chunks=1000000&size=65536");
+    let mut buf = vec![0u8; 128 * 1024];
+    let started = std::time::Instant::now();
+    let mut total = 0usize;
+    // About 6 MB/s, far below what the module offers: the host's writes
+    // keep waiting for this client, which keeps taking a little.
+    while started.elapsed() < std::time::Duration::from_secs(3) {
+        let n = std::io::Read::read(&mut stream, &mut buf).expect("read");
+        assert!(n > 0, "cut after {:?} ({total} bytes)", started.elapsed());
+        total += n;
+        // Pacing the reads, not waiting for a condition.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let s = stats(&d).await;
+    assert_eq!(s["streams_cancelled"], 0, "cut while still reading: {s}");
+    assert!(!d.log().contains(SEND_TIMEOUT_LINE), "{}", d.log());
+}
+
+/// A stream whose module sends a little now and then, with pauses longer
+/// than nothing but shorter than the timeout, for longer than the send
+/// timeout in all, arrives whole: only a client that takes nothing is cut.
+#[tokio::test]
+async fn slow_stream_lasting_longer_than_the_send_timeout_is_not_cut() {
+    let d = dashd()
+        .server("client_send_timeout_secs", "1")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let response = client()
+        .get(d.url("/test/stream?chunks=12&size=16&delay_ms=250"))
+        .send()
+        .await
+        .expect("request");
+    let body = tokio::time::timeout(WAIT, response.bytes())
+        .await
+        .expect("stream ended in time")
+        .expect("whole stream");
+    assert_eq!(body.len(), 12 * 16);
+    let s = stats(&d).await;
+    assert_eq!(s["streams_completed"], 1, "{s}");
+}

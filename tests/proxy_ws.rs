@@ -249,3 +249,78 @@ async fn relay_waiting_on_a_silent_module_stays_idle() {
         window.elapsed()
     );
 }
+
+/// A websocket open when ray-dashd gets SIGTERM is closed with 1001 "going
+/// away": the host is shutting down, the module is not being restarted
+/// (1012 is for that).
+#[tokio::test]
+async fn websocket_open_at_shutdown_closes_with_1001() {
+    let mut d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/echo"))
+        .await
+        .expect("connect");
+    ws.send(Message::Text("x".into())).await.expect("send");
+    assert_eq!(next_message(&mut ws).await, Message::Text("x".into()));
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    match next_message(&mut ws).await {
+        Message::Close(Some(frame)) => {
+            assert_eq!(frame.code, CloseCode::Away, "{frame:?}");
+            assert!(frame.reason.contains("shutting down"), "{frame:?}");
+        }
+        other => panic!("expected a close, got {other:?}"),
+    }
+    assert_eq!(d.wait_exit(WAIT).code(), Some(0), "log:\n{}", d.log());
+}
+
+/// A websocket that carries nothing for longer than the send timeout stays
+/// open: the timeout is for writes the client does not take, not silence.
+#[tokio::test]
+async fn idle_websocket_outlasts_the_send_timeout() {
+    let d = dashd()
+        .server("client_send_timeout_secs", "0.5")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(d.ws_url("/test/ws/echo"))
+        .await
+        .expect("connect");
+    // Silence on both sides, three times the timeout.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    ws.send(Message::Text("still here".into()))
+        .await
+        .expect("send");
+    assert_eq!(
+        next_message(&mut ws).await,
+        Message::Text("still here".into())
+    );
+}
+
+/// A websocket client that stops reading while its module keeps sending is
+/// cut after the send timeout, with the one log line, like a stream's.
+#[tokio::test]
+async fn websocket_client_that_stops_reading_is_cut_after_the_send_timeout() {
+    let d = dashd()
+        .server("client_send_timeout_secs", "1")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.set_recv_buffer_size(64 * 1024).expect("SO_RCVBUF");
+    socket.connect(&d.addr().into()).expect("connect");
+    socket.set_nonblocking(true).expect("nonblocking");
+    let stream = tokio::net::TcpStream::from_std(socket.into()).expect("tokio stream");
+    let (ws, _) = tokio_tungstenite::client_async(d.ws_url("/test/ws/out?count=100000000"), stream)
+        .await
+        .expect("handshake");
+    // Reads nothing from here on.
+    let logged = eventually(WAIT, || async {
+        d.log()
+            .contains("client took nothing written to it for the send timeout")
+            .then_some(())
+    })
+    .await;
+    assert!(logged.is_some(), "not cut; log:\n{}", d.log());
+    drop(ws);
+}

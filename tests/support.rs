@@ -539,3 +539,50 @@ pub fn rss_kib(pid: u32) -> u64 {
 pub fn kill(pid: u64, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("kill");
 }
+
+/// Stands in for module `name`, which must be configured with a command
+/// that never binds its socket (`sleep`): once the host has spawned it
+/// (after removing any stale socket), binds the module's socket and answers
+/// `GET /api/healthz` with 200 and any other request with `answer`, raw
+/// bytes as written, then closes. For module answers no real HTTP server
+/// would write. The task ends when the runtime does.
+pub async fn raw_module(d: &Dashd, name: &str, answer: &'static [u8]) {
+    let spawned = eventually(WAIT, || async {
+        let report = d.module(name).await;
+        report["pid"].as_u64()
+    })
+    .await;
+    assert!(spawned.is_some(), "module {name} was never spawned");
+    let listener = tokio::net::UnixListener::bind(d.socket_path(name)).expect("bind");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Ok(n) = stream.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                    // Requests without bodies: each ends at its blank line.
+                    while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let request: Vec<u8> = head.drain(..end + 4).collect();
+                        if request.starts_with(b"GET /api/healthz ") {
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            if stream.write_all(ok).await.is_err() {
+                                return;
+                            }
+                        } else {
+                            let _ = stream.write_all(answer).await;
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+}

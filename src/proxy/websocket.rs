@@ -72,6 +72,7 @@ pub(super) async fn forward(
 
     let max_message = settings.max_websocket_message_bytes;
     let name = module.shared_name().clone();
+    let shutdown = module.shutdown_token().clone();
     tokio::spawn(async move {
         let (client_io, module_io) = match tokio::try_join!(client_upgrade, module_upgrade) {
             Ok(ios) => ios,
@@ -84,6 +85,7 @@ pub(super) async fn forward(
             relay::Socket::from_upgraded(client_io),
             relay::Socket::from_upgraded(module_io),
             gate.cancel,
+            shutdown,
             max_message,
             &name,
         )

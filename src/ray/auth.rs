@@ -2,8 +2,12 @@
 //! `RAY_AUTH_MODE=token`: every request but a few public paths must carry
 //! the cluster's token (modules check nothing; the host checks for them),
 //! and `POST /api/authenticate` turns a valid token into a cookie for the
-//! web UI.
+//! web UI. When Ray's modules are not hosted, [`token_from_env`] finds the
+//! token as Ray's loader would, so that token mode never serves open.
 
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -34,6 +38,38 @@ const PUBLIC_PATHS: [&str; 8] = [
 ];
 /// The web UI's assets, public as a whole.
 const PUBLIC_PREFIX: &str = "/static/";
+/// Most of a token file read: a token is one short line (Ray's are 64 hex
+/// digits), and a link to something endless must not stall the start.
+const MAX_TOKEN_FILE_BYTES: u64 = 64 * 1024;
+
+/// Why ray-dashd will not serve in Ray's token mode: it cannot check tokens
+/// as that mode asks. Each message says how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// Token mode, and no token in any place Ray looks.
+    #[error("RAY_AUTH_MODE=token, but no token was found: set RAY_AUTH_TOKEN, or write the token to {default} or to a file named by RAY_AUTH_TOKEN_PATH (as for `ray start`); or unset RAY_AUTH_MODE to serve without authentication")]
+    Missing {
+        /// The default token file that was tried.
+        default: String,
+    },
+    /// Token mode, and `RAY_AUTH_TOKEN` holds only blanks.
+    #[error("RAY_AUTH_MODE=token, but RAY_AUTH_TOKEN is blank: set it to the cluster's token, or unset it to read the token from a file")]
+    Blank,
+    /// Token mode, and `RAY_AUTH_TOKEN_PATH` names no readable token.
+    #[error("RAY_AUTH_MODE=token, but RAY_AUTH_TOKEN_PATH names {path}, which {problem}: put the token there, or point RAY_AUTH_TOKEN_PATH at the token's file")]
+    Unreadable {
+        /// The file named.
+        path: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A Kubernetes mode, which ray-dashd cannot check.
+    #[error("{setting} asks for Ray's Kubernetes token authentication, which ray-dashd does not support; use RAY_AUTH_MODE=token with a token of your own")]
+    Kubernetes {
+        /// The variable that asked for it.
+        setting: &'static str,
+    },
+}
 
 /// The cluster's token. Its `Debug` never shows it.
 #[derive(Clone)]
@@ -73,6 +109,81 @@ impl Token {
             .fold(0u8, |diff, (a, b)| diff | (a ^ b))
             == 0
     }
+}
+
+/// The token to require when Ray's modules are not hosted (Ray's own
+/// answer, from `head_facts.py`, is used when they are), found as Ray's
+/// `AuthenticationTokenLoader` finds it: with `RAY_AUTH_MODE=token` (any
+/// case), `RAY_AUTH_TOKEN`, else the first line of the file named by
+/// `RAY_AUTH_TOKEN_PATH` (no further fallback, as in Ray), else the first
+/// line of `$HOME/.ray/auth_token`; each trimmed of blanks. `Ok(None)` when
+/// token mode is off; an error when it is on and no token is found, so
+/// that token mode never serves without one. `var` reads the environment.
+pub fn token_from_env(var: impl Fn(&str) -> Option<OsString>) -> Result<Option<Token>, TokenError> {
+    let text = |name: &str| {
+        var(name)
+            .map(|v| v.to_string_lossy().trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    match text("RAY_AUTH_MODE")
+        .map(|m| m.to_ascii_lowercase())
+        .as_deref()
+    {
+        Some("token") => {}
+        // Ray 2.52 and 2.53 had a mode of this name.
+        Some("k8s") => {
+            return Err(TokenError::Kubernetes {
+                setting: "RAY_AUTH_MODE=k8s",
+            })
+        }
+        _ => return Ok(None),
+    }
+    // Ray reads this flag as a boolean: `true` (any case) or `1`.
+    if text("RAY_ENABLE_K8S_TOKEN_AUTH").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+    {
+        return Err(TokenError::Kubernetes {
+            setting: "RAY_ENABLE_K8S_TOKEN_AUTH",
+        });
+    }
+    // Set, it is the token, blank or not (Ray looks no further either).
+    if let Some(token) = var("RAY_AUTH_TOKEN").filter(|t| !t.is_empty()) {
+        return Token::new(token.to_string_lossy().trim())
+            .map(Some)
+            .ok_or(TokenError::Blank);
+    }
+    if let Some(path) = var("RAY_AUTH_TOKEN_PATH").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        return match read_token_file(&path) {
+            Ok(Some(token)) => Ok(Some(token)),
+            Ok(None) => Err(TokenError::Unreadable {
+                path: path.display().to_string(),
+                problem: "is empty".to_owned(),
+            }),
+            Err(e) => Err(TokenError::Unreadable {
+                path: path.display().to_string(),
+                problem: format!("cannot be read ({e})"),
+            }),
+        };
+    }
+    // Without a home, Ray looks in the working folder.
+    let home = var("HOME")
+        .filter(|h| !h.is_empty())
+        .map_or_else(|| PathBuf::from("."), PathBuf::from);
+    let default = home.join(".ray").join("auth_token");
+    match read_token_file(&default) {
+        Ok(Some(token)) => Ok(Some(token)),
+        _ => Err(TokenError::Missing {
+            default: default.display().to_string(),
+        }),
+    }
+}
+
+/// The token on the first line of `path`, trimmed; `None` when blank.
+fn read_token_file(path: &std::path::Path) -> std::io::Result<Option<Token>> {
+    let file = std::fs::File::open(path)?;
+    let mut line = String::new();
+    BufReader::new(file.take(MAX_TOKEN_FILE_BYTES)).read_line(&mut line)?;
+    Ok(Token::new(line.trim()))
 }
 
 /// Whether `path` may be reached without a token.
@@ -289,6 +400,105 @@ mod tests {
             pass(&[("cookie", "other=s3cret")]),
             Some(StatusCode::UNAUTHORIZED)
         );
+    }
+
+    /// Finds the token as Ray's loader does, from `vars` (a test's own
+    /// environment), or says why not.
+    fn from_env(vars: &[(&str, &str)]) -> Result<Option<Token>, TokenError> {
+        let vars: std::collections::HashMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        token_from_env(|name| vars.get(name).cloned())
+    }
+
+    fn accepted(found: Result<Option<Token>, TokenError>, secret: &str) -> bool {
+        found
+            .expect("a token")
+            .expect("token mode")
+            .accepts(format!("Bearer {secret}").as_bytes())
+    }
+
+    #[test]
+    fn token_mode_finds_the_token_where_ray_looks_in_rays_order() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let home_str = home.path().to_str().expect("utf-8");
+        std::fs::create_dir(home.path().join(".ray")).expect("mkdir");
+        std::fs::write(
+            home.path().join(".ray/auth_token"),
+            "  from-home \nsecond line\n",
+        )
+        .expect("write");
+        let named = home.path().join("named");
+        std::fs::write(&named, "from-path\n").expect("write");
+        let named = named.to_str().expect("utf-8");
+
+        assert!(from_env(&[]).expect("off").is_none());
+        assert!(
+            from_env(&[("RAY_AUTH_MODE", "disabled"), ("RAY_AUTH_TOKEN", "x")])
+                .expect("off")
+                .is_none()
+        );
+        let mode = ("RAY_AUTH_MODE", "Token");
+        assert!(accepted(
+            from_env(&[
+                mode,
+                ("RAY_AUTH_TOKEN", " from-env\n"),
+                ("RAY_AUTH_TOKEN_PATH", named),
+                ("HOME", home_str)
+            ]),
+            "from-env"
+        ));
+        assert!(accepted(
+            from_env(&[mode, ("RAY_AUTH_TOKEN_PATH", named), ("HOME", home_str)]),
+            "from-path"
+        ));
+        assert!(accepted(from_env(&[mode, ("HOME", home_str)]), "from-home"));
+    }
+
+    #[test]
+    fn token_mode_without_a_token_is_an_error_naming_the_fix() {
+        let empty = tempfile::tempdir().expect("tempdir");
+        let home = empty.path().to_str().expect("utf-8");
+        let mode = ("RAY_AUTH_MODE", "token");
+        let missing = from_env(&[mode, ("HOME", home)]).expect_err("no token");
+        assert_eq!(
+            missing.to_string(),
+            format!(
+                "RAY_AUTH_MODE=token, but no token was found: set RAY_AUTH_TOKEN, or write the \
+                 token to {home}/.ray/auth_token or to a file named by RAY_AUTH_TOKEN_PATH (as \
+                 for `ray start`); or unset RAY_AUTH_MODE to serve without authentication"
+            )
+        );
+        // A named file that is missing is not made up for by the default one.
+        std::fs::create_dir(empty.path().join(".ray")).expect("mkdir");
+        std::fs::write(empty.path().join(".ray/auth_token"), "t").expect("write");
+        let gone = empty.path().join("gone");
+        let gone = gone.to_str().expect("utf-8");
+        let unreadable =
+            from_env(&[mode, ("HOME", home), ("RAY_AUTH_TOKEN_PATH", gone)]).expect_err("gone");
+        assert!(
+            unreadable.to_string().contains(&format!(
+                "RAY_AUTH_TOKEN_PATH names {gone}, which cannot be read"
+            )),
+            "{unreadable}"
+        );
+        assert!(matches!(
+            from_env(&[mode, ("HOME", home), ("RAY_AUTH_TOKEN", " \t")]),
+            Err(TokenError::Blank)
+        ));
+        assert!(matches!(
+            from_env(&[("RAY_AUTH_MODE", "k8s")]),
+            Err(TokenError::Kubernetes { .. })
+        ));
+        assert!(matches!(
+            from_env(&[
+                mode,
+                ("RAY_AUTH_TOKEN", "t"),
+                ("RAY_ENABLE_K8S_TOKEN_AUTH", "true")
+            ]),
+            Err(TokenError::Kubernetes { .. })
+        ));
     }
 
     #[tokio::test]

@@ -26,6 +26,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::proxy::idle::{is_send_timeout, WriteTimeout};
 use crate::proxy::module_stream::ModuleStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
@@ -100,9 +101,15 @@ impl Socket {
     /// Takes the bare socket back from an upgraded connection when it is
     /// one of ours (TCP from a client, a Unix socket to a module), so that
     /// reads and writes skip hyper's adapters and the halves need no lock.
+    /// A client's writing half keeps its send timeout.
     pub(super) fn from_upgraded(upgraded: Upgraded) -> Socket {
-        let upgraded = match upgraded.downcast::<TokioIo<TcpStream>>() {
-            Ok(parts) => return Socket::split(parts.io.into_inner().into_split(), parts.read_buf),
+        let upgraded = match upgraded.downcast::<TokioIo<WriteTimeout<TcpStream>>>() {
+            Ok(parts) => {
+                let (stream, timeout, peer) = parts.io.into_inner().into_parts();
+                let (reader, writer) = stream.into_split();
+                let writer = WriteTimeout::new(writer, timeout, peer);
+                return Socket::split((reader, writer), parts.read_buf);
+            }
             Err(upgraded) => upgraded,
         };
         let upgraded = match upgraded.downcast::<TokioIo<ModuleStream>>() {
@@ -136,11 +143,13 @@ impl std::fmt::Debug for Socket {
 }
 
 /// Relays frames between the client's and the module's sockets until both
-/// sides have closed, one side is gone, or `module_failed` fires.
+/// sides have closed, one side is gone, or `module_failed` fires (after
+/// `shutdown`, when ray-dashd is shutting down).
 pub(super) async fn relay(
     client: Socket,
     module: Socket,
     module_failed: CancellationToken,
+    shutdown: CancellationToken,
     max_message: usize,
     name: &str,
 ) {
@@ -170,8 +179,8 @@ pub(super) async fn relay(
     };
     let both = async {
         tokio::join!(
-            upstream.run(module_failed.clone(), name),
-            downstream.run(module_failed.clone(), name)
+            upstream.run(module_failed.clone(), &shutdown, name),
+            downstream.run(module_failed.clone(), &shutdown, name)
         )
     };
     let deadline = async {
@@ -219,8 +228,10 @@ enum Stop {
     Io(std::io::Error),
     /// The source broke the protocol or the size limit: close with this.
     Refuse(CloseCode, String),
-    /// The module's incarnation failed.
+    /// The module's incarnation failed (or is being restarted).
     ModuleFailed,
+    /// ray-dashd is shutting down, its modules with it.
+    Shutdown,
 }
 
 impl<R, W> Direction<R, W>
@@ -235,7 +246,12 @@ where
         }
     }
 
-    async fn run(mut self, module_failed: CancellationToken, name: &str) {
+    async fn run(
+        mut self,
+        module_failed: CancellationToken,
+        shutdown: &CancellationToken,
+        name: &str,
+    ) {
         let mut buf = BytesMut::with_capacity(READ_BUFFER.max(self.early.len()));
         buf.extend_from_slice(&std::mem::take(&mut self.early));
         let mut position = Position::Boundary;
@@ -263,7 +279,13 @@ where
             let at_boundary = matches!(position, Position::Boundary);
             tokio::select! {
                 biased;
-                _ = &mut failed => break Stop::ModuleFailed,
+                // The supervisor marks a shutdown before it ends the
+                // incarnations, so this tells the two apart.
+                _ = &mut failed => break if shutdown.is_cancelled() {
+                    Stop::Shutdown
+                } else {
+                    Stop::ModuleFailed
+                },
                 made = self.queue.recv(), if at_boundary && queue_open => {
                     let Some(made) = made else {
                         queue_open = false;
@@ -435,6 +457,12 @@ where
         let (to_sink, to_source) = match &stop {
             // A clean end: the close already crossed, or the peer just left.
             Stop::Eof if closed => (None, None),
+            // The client took nothing for the send timeout: it hears
+            // nothing more; the module is told the client is gone.
+            Stop::Io(e) if is_send_timeout(e) => (
+                None,
+                Some((CloseCode::Away, "client stopped reading".to_owned())),
+            ),
             Stop::Eof | Stop::Io(_) => match self.from {
                 Peer::Client => (Some((CloseCode::Away, "client went away".to_owned())), None),
                 Peer::Module => (
@@ -455,9 +483,22 @@ where
                 ),
                 Peer::Module => (None, None),
             },
+            // RFC 6455 §7.4.1: 1001, an endpoint "going away", such as a
+            // server going down; both ends are told, the module before it
+            // is stopped.
+            Stop::Shutdown => (
+                Some((
+                    CloseCode::Away,
+                    "going away: ray-dashd is shutting down".to_owned(),
+                )),
+                None,
+            ),
         };
         if let Stop::Io(e) = &stop {
-            debug!(module = %name, from = ?self.from, error = %e, "websocket relay stopped");
+            // A send timeout was logged where it expired.
+            if !is_send_timeout(e) {
+                debug!(module = %name, from = ?self.from, error = %e, "websocket relay stopped");
+            }
         }
         if let Some((code, reason)) = to_source {
             let _ = self.reply.try_send(Made::Close(code, reason));

@@ -539,20 +539,14 @@ async fn a_malformed_chunked_body_is_400_and_no_warning() {
 async fn a_module_answer_with_content_length_and_transfer_encoding_is_502() {
     let d = dashd()
         .module(
-            crate::support::command_module("raw", &["sleep", "600"]).routes(&[(
-                "GET",
-                "/raw/smuggle",
-                "http",
-            )]),
+            crate::support::raw_module(
+                "raw",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n\
+                  b\r\nhello world\r\n0\r\n\r\n",
+            )
+            .routes(&[("GET", "/raw/smuggle", "http")]),
         )
         .start();
-    crate::support::raw_module(
-        &d,
-        "raw",
-        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n\
-          b\r\nhello world\r\n0\r\n\r\n",
-    )
-    .await;
     d.healthy("raw", 0).await;
     let response = client()
         .get(d.url("/raw/smuggle"))

@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
 use crate::ray_head::{free_port, ray_python, run_bounded, text, token, RayHead, RAY_WAIT};
-use crate::support::{bin_dir, client, command_module, dashd, eventually, process_gone, Dashd};
+use crate::support::{bin_dir, command_module, dashd, eventually, process_gone, Dashd};
 
 const MODULE: &str = "ray_client_proxy";
 
@@ -88,7 +88,7 @@ async fn wait_file(path: &Path) {
 }
 
 async fn clients(d: &Dashd) -> Value {
-    client()
+    d.client()
         .get(d.url("/api/client_proxy/clients"))
         .send()
         .await

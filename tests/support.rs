@@ -301,6 +301,11 @@ impl DashdBuilder {
                 );
             }
         };
+        let token = self
+            .env
+            .iter()
+            .find(|(k, _)| k == "RAY_AUTH_TOKEN")
+            .map(|(_, v)| v.clone());
         Dashd {
             child: Some(child),
             addr,
@@ -308,6 +313,7 @@ impl DashdBuilder {
             log,
             resume_stderr: Some(resume_tx),
             tmp,
+            token,
         }
     }
 }
@@ -331,9 +337,30 @@ pub struct Dashd {
     resume_stderr: Option<std::sync::mpsc::Sender<()>>,
     #[allow(dead_code)]
     tmp: tempfile::TempDir,
+    /// `RAY_AUTH_TOKEN` of its environment: in token mode the host's API
+    /// asks for it.
+    token: Option<String>,
 }
 
 impl Dashd {
+    /// A client for this host: it presents the host's token, if any.
+    pub fn client(&self) -> reqwest::Client {
+        let Some(token) = &self.token else {
+            return client();
+        };
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().expect("header value"),
+        );
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .default_headers(headers)
+            .build()
+            .expect("reqwest client")
+    }
+
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -376,7 +403,7 @@ impl Dashd {
 
     /// `GET /api/modules/<name>`.
     pub async fn module(&self, name: &str) -> Value {
-        client()
+        self.client()
             .get(self.url(&format!("/api/modules/{name}")))
             .send()
             .await
@@ -406,7 +433,12 @@ impl Dashd {
 
     /// `GET /test/stats` of the test module serving the `/test` routes.
     pub async fn test_stats(&self) -> Option<Value> {
-        let response = client().get(self.url("/test/stats")).send().await.ok()?;
+        let response = self
+            .client()
+            .get(self.url("/test/stats"))
+            .send()
+            .await
+            .ok()?;
         response.json().await.ok()
     }
 
@@ -540,49 +572,40 @@ pub fn kill(pid: u64, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("kill");
 }
 
-/// Stands in for module `name`, which must be configured with a command
-/// that never binds its socket (`sleep`): once the host has spawned it
-/// (after removing any stale socket), binds the module's socket and answers
-/// `GET /api/healthz` with 200 and any other request with `answer`, raw
-/// bytes as written, then closes. For module answers no real HTTP server
-/// would write. The task ends when the runtime does.
-pub async fn raw_module(d: &Dashd, name: &str, answer: &'static [u8]) {
-    let spawned = eventually(WAIT, || async {
-        let report = d.module(name).await;
-        report["pid"].as_u64()
-    })
-    .await;
-    assert!(spawned.is_some(), "module {name} was never spawned");
-    let listener = tokio::net::UnixListener::bind(d.socket_path(name)).expect("bind");
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    let Ok(n) = stream.read(&mut buf).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    head.extend_from_slice(&buf[..n]);
-                    // Requests without bodies: each ends at its blank line.
-                    while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let request: Vec<u8> = head.drain(..end + 4).collect();
-                        if request.starts_with(b"GET /api/healthz ") {
-                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                            if stream.write_all(ok).await.is_err() {
-                                return;
-                            }
-                        } else {
-                            let _ = stream.write_all(answer).await;
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
+/// Module `name`, a few lines of Python (`RAY_DASHD_TEST_PYTHON`) that
+/// answer `GET /api/healthz` with 200 and any other request with `answer`,
+/// raw bytes as written, then close: for module answers no real HTTP server
+/// would write. The module's own process listens, as the host's peer check
+/// of module sockets requires.
+pub fn raw_module(name: &str, answer: &[u8]) -> ModuleDef {
+    const SERVER: &str = r#"
+import os, socket, threading
+answer = bytes.fromhex(os.environ["RAW_ANSWER_HEX"])
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(os.environ["RAY_DASHD_SOCKET"])
+listener.listen(64)
+def serve(conn):
+    pending = b""
+    while True:
+        data = conn.recv(4096)
+        if not data:
+            break
+        pending += data
+        while b"\r\n\r\n" in pending:
+            request, pending = pending.split(b"\r\n\r\n", 1)
+            if request.startswith(b"GET /api/healthz "):
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            else:
+                conn.sendall(answer)
+                conn.close()
+                return
+    conn.close()
+while True:
+    conn, _ = listener.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"#;
+    let python = std::env::var("RAY_DASHD_TEST_PYTHON")
+        .expect("RAY_DASHD_TEST_PYTHON must name a Python (scripts/test sets it)");
+    let hex: String = answer.iter().map(|b| format!("{b:02x}")).collect();
+    command_module(name, &[&python, "-c", SERVER]).env("RAW_ANSWER_HEX", &hex)
 }

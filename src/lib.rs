@@ -13,9 +13,12 @@
 //! - [`ray`]: Ray's own dashboard modules, when the session is a Ray head,
 //!   and what Ray's dashboard parent serves itself (token auth, GCS check).
 //! - [`shutdown`] and [`logging`]: signals and tracing.
+//! - [`descriptors`]: the open-file limit, and the client connections it
+//!   leaves room for.
 
 pub mod cli;
 pub mod config;
+pub mod descriptors;
 pub mod error;
 pub mod guard;
 pub mod logging;
@@ -67,6 +70,44 @@ impl Stopped {
     }
 }
 
+/// The client cap: `server.max_connections`, or what `nofile` open files
+/// leave room for besides the modules' connections.
+fn max_connections(config: &Config, nofile: u64) -> usize {
+    let pools: Vec<usize> = config
+        .modules
+        .iter()
+        .map(|m| m.supervision.max_connections)
+        .collect();
+    let fits = descriptors::max_connections_for(nofile, &pools);
+    match config.server.max_connections {
+        Some(set) if set > fits => {
+            warn!(
+                max_connections = set,
+                fits,
+                nofile,
+                "server.max_connections is more than the open-file limit leaves room for; \
+                 accepts may fail and module connections with them"
+            );
+            set
+        }
+        Some(set) => set,
+        None => {
+            if fits == descriptors::MIN_MAX_CONNECTIONS {
+                warn!(
+                    max_connections = fits,
+                    nofile,
+                    modules = pools.len(),
+                    "the open-file limit leaves little room for clients; raise it (ulimit -n) \
+                     or lower the modules' max_connections"
+                );
+            } else {
+                info!(max_connections = fits, nofile, "client connections capped");
+            }
+            fits
+        }
+    }
+}
+
 /// Prepares the session, starts logging and the runtime, binds, and serves
 /// until SIGTERM or SIGINT, or until the Ray head it serves is gone.
 pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
@@ -74,6 +115,7 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
     // Held until `launch` returns, after everything else stopped: its drop
     // flushes the last lines (the exit's reasons) to stderr and the file.
     let _log_guard = logging::init(&session);
+    let nofile = descriptors::raise_nofile_limit();
     let mut builder = match config.server.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
@@ -124,7 +166,7 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
                 }
             }
         };
-        run(config, session, listener, parent, early, shutdown).await;
+        run(config, session, listener, parent, early, nofile, shutdown).await;
         Ok(stopped)
     });
     // A blocking helper still running must not hold up the exit; the
@@ -135,7 +177,8 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
 
 /// Starts the modules (taking over those in `early`) and serves on
 /// `listener` (with Ray's parent-side pages when `ray` is given) until
-/// `shutdown` resolves;
+/// `shutdown` resolves, at most as many clients at once as `nofile` open
+/// files leave room for (unless `server.max_connections` says);
 /// then drains the HTTP server, stops the modules and removes their sockets.
 pub async fn run(
     config: Config,
@@ -143,6 +186,7 @@ pub async fn run(
     listener: TcpListener,
     ray: Option<ray::RayParent>,
     early: impl IntoIterator<Item = supervisor::EarlyStart>,
+    nofile: u64,
     shutdown: impl Future<Output = ()>,
 ) {
     let local = listener
@@ -170,7 +214,8 @@ pub async fn run(
         modules = config.modules.len(),
         "ray-dashd listening"
     );
-    server::serve(listener, service, &config.server, shutdown).await;
+    let max_connections = max_connections(&config, nofile);
+    server::serve(listener, service, &config.server, max_connections, shutdown).await;
 
     let stop_budget = config
         .modules

@@ -161,6 +161,7 @@ pub struct DashdBuilder {
     session: Option<PathBuf>,
     env: Vec<(String, String)>,
     stall_stderr: bool,
+    nofile: Option<(u64, u64)>,
 }
 
 /// Starts describing a ray-dashd fixture.
@@ -200,6 +201,13 @@ impl DashdBuilder {
         self
     }
 
+    /// Starts ray-dashd with this soft and hard `RLIMIT_NOFILE` (through
+    /// `sh -c 'ulimit …; exec ray-dashd …'`: the pid is ray-dashd's).
+    pub fn nofile(mut self, soft: u64, hard: u64) -> Self {
+        self.nofile = Some((soft, hard));
+        self
+    }
+
     /// Stops reading ray-dashd's stderr once it listens, as a stalled
     /// reader would, until [`Dashd::resume_stderr`]: the pipe fills.
     pub fn stall_stderr(mut self) -> Self {
@@ -229,7 +237,19 @@ impl DashdBuilder {
         let config = tmp.path().join("dashd.toml");
         std::fs::write(&config, self.config_text()).expect("write config");
         let session = self.session.clone().unwrap_or_else(|| tmp.path().join("s"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ray-dashd"))
+        let mut command = match self.nofile {
+            Some((soft, hard)) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!(
+                        "ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\""
+                    ))
+                    .arg(env!("CARGO_BIN_EXE_ray-dashd"));
+                sh
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_ray-dashd")),
+        };
+        let mut child = command
             .arg("--session-dir")
             .arg(&session)
             .arg("--port")

@@ -11,6 +11,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use crate::config::ModuleSpec;
+use crate::descriptors;
 use crate::session::{LogDir, Session};
 
 /// How much of a log file's end is read to quote its last lines.
@@ -62,15 +63,20 @@ pub(crate) fn spawn_module(
     cmd.spawn()
 }
 
-/// Makes the kernel SIGKILL the child when the host dies, even by SIGKILL.
+/// Makes the kernel SIGKILL the child when the host dies, even by SIGKILL,
+/// and gives it back the open-file limit the host started with.
 #[allow(unsafe_code)]
 fn tie_to_parent(cmd: &mut Command) {
     let parent = nix::unistd::getpid();
+    let nofile = descriptors::limit_for_modules();
     // SAFETY: the closure runs between fork and exec and makes only
-    // async-signal-safe system calls (prctl, getppid, kill); it allocates
-    // nothing and takes no lock.
+    // async-signal-safe system calls (setrlimit, prctl, getppid, kill); it
+    // allocates nothing and takes no lock.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(limit) = nofile {
+                descriptors::restore(limit)?;
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             // The parent may have died before prctl took effect.
             if nix::unistd::getppid() != parent {

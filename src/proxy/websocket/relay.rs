@@ -26,6 +26,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::descriptors::ClientStream;
 use crate::proxy::module_stream::ModuleStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
@@ -94,6 +95,9 @@ pub(super) struct Socket {
     reader: Box<dyn AsyncRead + Send + Unpin>,
     writer: Box<dyn AsyncWrite + Send + Unpin>,
     early: Bytes,
+    /// A client's slot under `server.max_connections`, held until the
+    /// relay ends and the socket closes.
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Socket {
@@ -101,6 +105,15 @@ impl Socket {
     /// one of ours (TCP from a client, a Unix socket to a module), so that
     /// reads and writes skip hyper's adapters and the halves need no lock.
     pub(super) fn from_upgraded(upgraded: Upgraded) -> Socket {
+        let upgraded = match upgraded.downcast::<TokioIo<ClientStream>>() {
+            Ok(parts) => {
+                let (stream, slot) = parts.io.into_inner().into_parts();
+                let mut socket = Socket::split(stream.into_split(), parts.read_buf);
+                socket.slot = Some(slot);
+                return socket;
+            }
+            Err(upgraded) => upgraded,
+        };
         let upgraded = match upgraded.downcast::<TokioIo<TcpStream>>() {
             Ok(parts) => return Socket::split(parts.io.into_inner().into_split(), parts.read_buf),
             Err(upgraded) => upgraded,
@@ -123,6 +136,7 @@ impl Socket {
             reader: Box::new(reader),
             writer: Box::new(writer),
             early,
+            slot: None,
         }
     }
 }
@@ -144,6 +158,8 @@ pub(super) async fn relay(
     max_message: usize,
     name: &str,
 ) {
+    // Let go when the relay ends, with the socket.
+    let _slots = (client.slot, module.slot);
     let (to_client, to_client_queue) = mpsc::channel(QUEUED_FRAMES);
     let (to_module, to_module_queue) = mpsc::channel(QUEUED_FRAMES);
     // Set once a close has crossed (or been made): the rest has a deadline.

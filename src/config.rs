@@ -13,6 +13,7 @@ use serde::Deserialize;
 use crate::cli::Cli;
 use crate::error::ConfigError;
 use crate::ray::{RayLaunch, RayModules, RaySettings};
+use crate::supervisor::CgroupMode;
 
 /// The configuration used when `--config` is absent (`config/default.toml`).
 pub const DEFAULT_CONFIG: &str = include_str!("../config/default.toml");
@@ -65,6 +66,9 @@ pub struct ServerSettings {
     /// at start from the open-file limit and the modules' connection caps
     /// ([`crate::descriptors::max_connections_for`]).
     pub max_connections: Option<usize>,
+    /// Whether each module incarnation runs in a cgroup of its own, killed
+    /// whole when the incarnation ends.
+    pub cgroups: CgroupMode,
 }
 
 /// One module: how to start it, how to supervise it and which routes it serves.
@@ -240,6 +244,7 @@ struct RawServer {
     allowed_hosts: Option<Vec<String>>,
     allowed_origins: Option<Vec<String>>,
     max_connections: Option<usize>,
+    cgroups: Option<CgroupMode>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -447,6 +452,7 @@ impl Validator<'_> {
                 Some(0) => return Err(self.invalid("server.max_connections", "must be at least 1")),
                 n => n,
             },
+            cgroups: s.cgroups.unwrap_or_default(),
         };
 
         let modules = self.modules(raw.modules, &defaults, &[])?;
@@ -1182,8 +1188,10 @@ supervision = { max_connections = 2 }
     fn client_connection_cap_is_derived_unless_set() {
         let c = load("").expect("valid");
         assert_eq!(c.server.max_connections, None);
-        let c = load("[server]\nmax_connections = 5000\n").expect("valid");
+        assert_eq!(c.server.cgroups, CgroupMode::Auto);
+        let c = load("[server]\nmax_connections = 5000\ncgroups = \"off\"\n").expect("valid");
         assert_eq!(c.server.max_connections, Some(5000));
+        assert_eq!(c.server.cgroups, CgroupMode::Off);
         let msg = load("[server]\nmax_connections = 0\n")
             .expect_err("zero")
             .to_string();
@@ -1196,6 +1204,13 @@ supervision = { max_connections = 2 }
             .to_string();
         assert!(
             msg.starts_with("config test.toml: server.max_connections: ") && msg.contains("line 2"),
+            "{msg}"
+        );
+        let msg = load("[server]\ncgroups = \"yes\"\n")
+            .expect_err("bad mode")
+            .to_string();
+        assert!(
+            msg.starts_with("config test.toml: server.cgroups: ") && msg.contains("auto"),
             "{msg}"
         );
     }

@@ -116,6 +116,8 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
     // flushes the last lines (the exit's reasons) to stderr and the file.
     let _log_guard = logging::init(&session);
     let nofile = descriptors::raise_nofile_limit();
+    // Before Ray's zygote (the first module) may start.
+    supervisor::contain(config.server.cgroups);
     let mut builder = match config.server.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
@@ -231,4 +233,5 @@ pub async fn run(
             "modules did not stop in time"
         ),
     }
+    supervisor.sweep().await;
 }

@@ -533,6 +533,27 @@ pub fn rss_kib(pid: u32) -> u64 {
         .expect("VmRSS")
 }
 
+/// Waits (bounded) for the file `path`, written whole by a test's
+/// process, and reads the pid in it.
+pub async fn read_pid_file(path: &Path) -> u32 {
+    let pid = eventually(WAIT, || async {
+        std::fs::read_to_string(path)
+            .ok()?
+            .trim()
+            .parse::<u32>()
+            .ok()
+    })
+    .await;
+    pid.unwrap_or_else(|| panic!("no pid in {} within {WAIT:?}", path.display()))
+}
+
+/// Waits (bounded by `within`) until process `pid` is gone or a zombie.
+pub async fn gone_within(pid: u32, within: Duration) -> bool {
+    eventually(within, || async { process_gone(pid).then_some(()) })
+        .await
+        .is_some()
+}
+
 /// Sends `signal` to `pid`.
 pub fn kill(pid: u64, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("kill");

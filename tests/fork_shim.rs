@@ -265,7 +265,10 @@ async fn a_forked_modules_escaped_descendants_end_with_its_incarnation() {
     for cgroups in ["auto", "off"] {
         let dir = tempfile::tempdir().expect("tempdir");
         let pidfile = dir.path().join("escapee.pid");
-        let _cleanup = KillNamedIn(pidfile.clone());
+        let mut cleanup = KillNamedIn {
+            file: pidfile.clone(),
+            pids: Vec::new(),
+        };
         let p = pidfile.display();
         let spawn = format!(
             "exec setsid sh -c 'trap \"\" TERM; echo $$ > {p}.tmp && mv {p}.tmp {p} && exec sleep 600'"
@@ -285,6 +288,7 @@ async fn a_forked_modules_escaped_descendants_end_with_its_incarnation() {
             assert!(cgroup.ends_with("/alpha-0"), "{info}");
         }
         let escapee = u64::from(read_pid_file(&pidfile).await);
+        cleanup.pids.push(escapee as u32);
         assert!(
             !process_gone(escapee as u32),
             "escapee {escapee} is not running"
@@ -308,16 +312,23 @@ async fn a_forked_modules_escaped_descendants_end_with_its_incarnation() {
     }
 }
 
-/// Kills, on drop, the process its pid file names, if it is still there.
-struct KillNamedIn(std::path::PathBuf);
+/// Kills, on drop, the processes it was given and the one its pid file
+/// names then, if they are still there: a failed test leaves none behind.
+struct KillNamedIn {
+    file: std::path::PathBuf,
+    pids: Vec<u32>,
+}
 
 impl Drop for KillNamedIn {
     fn drop(&mut self) {
-        let pid = std::fs::read_to_string(&self.0)
+        let named = std::fs::read_to_string(&self.file)
             .ok()
             .and_then(|text| text.trim().parse::<u32>().ok());
-        if let Some(pid) = pid.filter(|pid| !process_gone(*pid)) {
-            kill(u64::from(pid), Signal::SIGKILL);
+        for pid in self.pids.iter().copied().chain(named) {
+            if !process_gone(pid) {
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
         }
     }
 }

@@ -11,8 +11,9 @@
 //! once), stops the process group (SIGTERM, SIGKILL after a grace), kills
 //! whatever the incarnation started that left the group (see
 //! [`containment`]), and starts the next incarnation after a backoff that
-//! doubles with each failure in a row. Nothing here runs on the request path but
-//! [`ModuleHandle::admit`], which reads the status under a short-held mutex.
+//! doubles with each failure in a row. Nothing here runs on the request
+//! path but [`ModuleHandle::admit`], which reads the status under a
+//! short-held mutex.
 //! A module task never blocks another one or the HTTP server.
 
 mod cgroup;

@@ -308,7 +308,11 @@ async fn a_forked_modules_escaped_descendants_end_with_its_incarnation() {
         let again = u64::from(read_pid_file(&pidfile).await);
         d.signal(Signal::SIGTERM);
         assert!(d.wait_exit(GONE).success(), "log:\n{}", d.log());
-        assert!(gone(again).await, "escapee {again} outlived ray-dashd");
+        assert!(
+            gone(again).await,
+            "escapee {again} outlived ray-dashd (cgroups {cgroups}); log:\n{}",
+            d.log()
+        );
     }
 }
 

@@ -153,21 +153,54 @@ impl Descendants {
         let tree = walk(self.host);
         let mut registry = self.registry();
         let owners = owners(&tree, self.host, &registry, env_tag);
-        registry.seen = tree
+        // Merged, not replaced: another look may have walked later and
+        // locked sooner. What has exited since is let go.
+        let found: Vec<(ProcId, u32)> = tree
             .iter()
             .zip(&owners)
             .filter(|(p, _)| !p.zombie)
             .filter_map(|(p, owner)| owner.map(|o| (p.id, o)))
             .collect();
+        registry.seen.extend(found);
+        let walked: HashSet<ProcId> = tree.iter().map(|p| p.id).collect();
+        registry.seen.retain(|id, _| {
+            walked.contains(id) || stat(id.pid).is_some_and(|p| p.id == *id && !p.zombie)
+        });
         for p in &tree {
             if self.adopted_zombie(p, &registry) {
-                match waitpid(Pid::from_raw(p.id.pid as i32), Some(WaitPidFlag::WNOHANG)) {
-                    Ok(_) | Err(Errno::ECHILD) => {}
-                    Err(e) => debug!(pid = p.id.pid, error = %e, "cannot reap adopted orphan"),
-                }
+                self.reap_one(p);
             }
         }
         tree.into_iter().zip(owners).collect()
+    }
+
+    /// Reaps the zombies of adopted orphans among the host's children; a
+    /// look at the host's children only, cheap enough for every SIGCHLD.
+    pub(crate) fn reap(&self) {
+        let Ok(pids) = children(self.host) else {
+            return;
+        };
+        let zombies: Vec<Proc> = pids
+            .into_iter()
+            .filter_map(stat)
+            .filter(|p| p.zombie)
+            .collect();
+        if zombies.is_empty() {
+            return;
+        }
+        let registry = self.registry();
+        for p in &zombies {
+            if self.adopted_zombie(p, &registry) {
+                self.reap_one(p);
+            }
+        }
+    }
+
+    fn reap_one(&self, p: &Proc) {
+        match waitpid(Pid::from_raw(p.id.pid as i32), Some(WaitPidFlag::WNOHANG)) {
+            Ok(_) | Err(Errno::ECHILD) => {}
+            Err(e) => debug!(pid = p.id.pid, error = %e, "cannot reap adopted orphan"),
+        }
     }
 
     /// Whether `p` is a zombie the host adopted as a subreaper: its child,
@@ -190,14 +223,21 @@ impl Descendants {
             .collect()
     }
 
-    /// Sends `signal` to the processes of `leader`'s incarnation that its
-    /// process group does not reach (they left it); returns how many.
-    pub(crate) fn signal_outside_group(&self, leader: u32, signal: Signal) -> usize {
-        self.owned_by(leader)
-            .iter()
+    /// Sends `signals`, in order, to the processes of `leader`'s
+    /// incarnation that its process group does not reach (they left it);
+    /// returns how many there were.
+    pub(crate) fn signal_outside_group(&self, leader: u32, signals: &[Signal]) -> usize {
+        let outside: Vec<Proc> = self
+            .owned_by(leader)
+            .into_iter()
             .filter(|p| p.pgid != leader)
-            .filter(|p| send(p, signal))
-            .count()
+            .collect();
+        for signal in signals {
+            for p in &outside {
+                send(p, *signal);
+            }
+        }
+        outside.len()
     }
 
     /// Kills every process left of `leader`'s incarnation, look after look

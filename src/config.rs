@@ -13,6 +13,7 @@ use serde::Deserialize;
 use crate::cli::Cli;
 use crate::error::ConfigError;
 use crate::ray::{RayLaunch, RayModules, RaySettings};
+use crate::supervisor::CgroupMode;
 
 /// The configuration used when `--config` is absent (`config/default.toml`).
 pub const DEFAULT_CONFIG: &str = include_str!("../config/default.toml");
@@ -68,6 +69,13 @@ pub struct ServerSettings {
     /// Origins (`scheme://host[:port]`, lowercase, no default port) whose
     /// pages may open websockets and send writes besides this server's own.
     pub allowed_origins: Vec<String>,
+    /// Most client connections served at once (at least 1); `None`: derived
+    /// at start from the open-file limit and the modules' connection caps
+    /// ([`crate::descriptors::max_connections_for`]).
+    pub max_connections: Option<usize>,
+    /// Whether each module incarnation runs in a cgroup of its own, killed
+    /// whole when the incarnation ends.
+    pub cgroups: CgroupMode,
 }
 
 /// One module: how to start it, how to supervise it and which routes it serves.
@@ -251,6 +259,8 @@ struct RawServer {
     worker_threads: Option<usize>,
     allowed_hosts: Option<Vec<String>>,
     allowed_origins: Option<Vec<String>>,
+    max_connections: Option<usize>,
+    cgroups: Option<CgroupMode>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -463,6 +473,12 @@ impl Validator<'_> {
                 s.allowed_origins,
                 crate::guard::allowed_origin,
             )?,
+            // Zero would refuse every client, health checks included.
+            max_connections: match s.max_connections {
+                Some(0) => return Err(self.invalid("server.max_connections", "must be at least 1")),
+                n => n,
+            },
+            cgroups: s.cgroups.unwrap_or_default(),
         };
 
         let modules = self.modules(raw.modules, &defaults, &[])?;
@@ -1240,6 +1256,37 @@ supervision = { max_connections = 2 }
         let b = c.modules[1].supervision.connection_limits();
         assert_eq!((a.max_connections, a.max_queued), (10, 0));
         assert_eq!((b.max_connections, b.max_queued), (2, 0));
+    }
+
+    #[test]
+    fn client_connection_cap_is_derived_unless_set() {
+        let c = load("").expect("valid");
+        assert_eq!(c.server.max_connections, None);
+        assert_eq!(c.server.cgroups, CgroupMode::Auto);
+        let c = load("[server]\nmax_connections = 5000\ncgroups = \"off\"\n").expect("valid");
+        assert_eq!(c.server.max_connections, Some(5000));
+        assert_eq!(c.server.cgroups, CgroupMode::Off);
+        let msg = load("[server]\nmax_connections = 0\n")
+            .expect_err("zero")
+            .to_string();
+        assert_eq!(
+            msg,
+            "config test.toml: server.max_connections: must be at least 1"
+        );
+        let msg = load("[server]\nmax_connections = -5\n")
+            .expect_err("negative")
+            .to_string();
+        assert!(
+            msg.starts_with("config test.toml: server.max_connections: ") && msg.contains("line 2"),
+            "{msg}"
+        );
+        let msg = load("[server]\ncgroups = \"yes\"\n")
+            .expect_err("bad mode")
+            .to_string();
+        assert!(
+            msg.starts_with("config test.toml: server.cgroups: ") && msg.contains("auto"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -16,10 +16,13 @@
 //!   and what Ray's dashboard parent serves itself (token auth, GCS check).
 //! - [`shutdown`] and [`logging`]: signals and tracing.
 //! - [`wheel`]: the Python environment the wheel installed the binary into.
+//! - [`descriptors`]: the open-file limit, and the client connections it
+//!   leaves room for.
 
 pub mod builtin;
 pub mod cli;
 pub mod config;
+pub mod descriptors;
 pub mod error;
 pub mod guard;
 pub mod logging;
@@ -72,6 +75,44 @@ impl Stopped {
     }
 }
 
+/// The client cap: `server.max_connections`, or what `nofile` open files
+/// leave room for besides the modules' connections.
+fn max_connections(config: &Config, nofile: u64) -> usize {
+    let pools: Vec<usize> = config
+        .modules
+        .iter()
+        .map(|m| m.supervision.max_connections)
+        .collect();
+    let fits = descriptors::max_connections_for(nofile, &pools);
+    match config.server.max_connections {
+        Some(set) if set > fits => {
+            warn!(
+                max_connections = set,
+                fits,
+                nofile,
+                "server.max_connections is more than the open-file limit leaves room for; \
+                 accepts may fail and module connections with them"
+            );
+            set
+        }
+        Some(set) => set,
+        None => {
+            if fits == descriptors::MIN_MAX_CONNECTIONS {
+                warn!(
+                    max_connections = fits,
+                    nofile,
+                    modules = pools.len(),
+                    "the open-file limit leaves little room for clients; raise it (ulimit -n) \
+                     or lower the modules' max_connections"
+                );
+            } else {
+                info!(max_connections = fits, nofile, "client connections capped");
+            }
+            fits
+        }
+    }
+}
+
 /// Prepares the session, starts logging and the runtime, binds, and serves
 /// until SIGTERM or SIGINT, or until the Ray head it serves is gone.
 pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
@@ -79,6 +120,9 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
     // Held until `launch` returns, after everything else stopped: its drop
     // flushes the last lines (the exit's reasons) to stderr and the file.
     let _log_guard = logging::init(&session);
+    let nofile = descriptors::raise_nofile_limit();
+    // Before Ray's zygote (the first module) may start.
+    supervisor::contain(config.server.cgroups);
     let mut builder = match config.server.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
@@ -140,7 +184,10 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
                 }
             }
         };
-        run(config, session, listener, parent, token, early, shutdown).await;
+        run(
+            config, session, listener, parent, token, early, nofile, shutdown,
+        )
+        .await;
         Ok(stopped)
     });
     // A blocking helper still running must not hold up the exit; the
@@ -151,8 +198,13 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
 
 /// Starts the modules (taking over those in `early`) and serves on
 /// `listener` (with Ray's parent-side pages when `ray` is given, and only
-/// to requests bearing `token` when given) until `shutdown` resolves;
+/// to requests bearing `token` when given) until `shutdown` resolves, at
+/// most as many clients at once as `nofile` open files leave room for
+/// (unless `server.max_connections` says);
 /// then drains the HTTP server, stops the modules and removes their sockets.
+// Each argument is a separate product of start-up (tests pass their own);
+// a struct of them would only rename the list.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     config: Config,
     session: Session,
@@ -160,6 +212,7 @@ pub async fn run(
     ray: Option<ray::RayParent>,
     token: Option<ray::auth::Token>,
     early: impl IntoIterator<Item = supervisor::EarlyStart>,
+    nofile: u64,
     shutdown: impl Future<Output = ()>,
 ) {
     let local = listener
@@ -188,7 +241,8 @@ pub async fn run(
         modules = config.modules.len(),
         "ray-dashd listening"
     );
-    server::serve(listener, service, &config.server, shutdown).await;
+    let max_connections = max_connections(&config, nofile);
+    server::serve(listener, service, &config.server, max_connections, shutdown).await;
 
     let stop_budget = config
         .modules
@@ -204,4 +258,5 @@ pub async fn run(
             "modules did not stop in time"
         ),
     }
+    supervisor.sweep().await;
 }

@@ -13,6 +13,13 @@ const USAGE: u8 = 64;
 fn main() -> ExitCode {
     // Never returns when the command line is `ray-dashd fork-shim …`.
     ray_dashd::builtin::fork_shim_if_asked();
+    // Not an option for people: how the host starts its cgroup warden.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() == Some(std::ffi::OsStr::new(ray_dashd::supervisor::WARDEN_FLAG)) {
+        if let (Some(base), None) = (args.next(), args.next()) {
+            return ray_dashd::supervisor::run_warden(std::path::Path::new(&base));
+        }
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -1,6 +1,8 @@
 //! The HTTP server: the host's own routes, the static UI, the proxy as the
 //! fallback, and the accept loop with its limits and graceful drain.
 
+mod accept;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -26,6 +28,7 @@ use tower_http::trace::TraceLayer;
 use tracing::{debug, info, warn};
 
 use crate::config::ServerSettings;
+use crate::descriptors::ClientStream;
 use crate::guard::{Guard, Refusal};
 use crate::proxy::{is_send_timeout, Proxy, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
@@ -44,8 +47,6 @@ const MAX_HEADERS: usize = 128;
 /// The head's limit is hyper's `max_header_size`, which counts the head as
 /// it came.
 const MIN_CONNECTION_BUFFER_BYTES: usize = 8192 + 4096 * 100;
-/// Pause after a failed accept (such as EMFILE) before trying again.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// TCP keepalive of client connections: first probe after this much
 /// silence, then every `KEEPALIVE_INTERVAL`, dropped after
 /// `KEEPALIVE_RETRIES` unanswered. A client that vanished without a word
@@ -316,10 +317,13 @@ async fn forward(proxy: &Proxy, lookup: Lookup, request: Request<Body>) -> Respo
 
 /// Accepts connections on `listener` until `shutdown` resolves, then stops
 /// accepting and lets in-flight requests finish within the grace period.
+/// At most `max_connections` clients are served at once; see
+/// [`accept`] for the connections beyond.
 pub async fn serve(
     listener: TcpListener,
     service: Dispatch,
     settings: &ServerSettings,
+    max_connections: usize,
     shutdown: impl Future<Output = ()>,
 ) {
     // HTTP/1.1 only: the dashboard's clients (browsers without TLS, Ray's
@@ -331,20 +335,59 @@ pub async fn serve(
         .max_buf_size(settings.max_header_bytes.max(MIN_CONNECTION_BUFFER_BYTES))
         .max_header_size(settings.max_header_bytes)
         .max_headers(MAX_HEADERS);
+    // A connection over the cap answers one request, quickly.
+    let mut overflow_http = http.clone();
+    overflow_http
+        .keep_alive(false)
+        .header_read_timeout(accept::OVERFLOW_DEADLINE);
+    let overflow_service = accept::Overflow {
+        dispatch: service.clone(),
+        max: max_connections,
+    };
+    let mut admission = accept::Admission::new(max_connections);
+    let mut backoff = accept::AcceptBackoff::default();
     let connections = TaskTracker::new();
     let drain = CancellationToken::new();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
+                Ok(accepted) => {
+                    backoff.succeeded();
+                    accepted
+                }
                 Err(e) => {
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    let pause = backoff.failed(&e);
+                    if !pause.is_zero() {
+                        tokio::select! {
+                            _ = tokio::time::sleep(pause) => {}
+                            _ = &mut shutdown => break,
+                        }
+                    }
                     continue;
                 }
             },
             _ = &mut shutdown => break,
+        };
+        let permit = match admission.admit() {
+            accept::Admitted::Client(permit) => permit,
+            accept::Admitted::Overflow(permit) => {
+                let connection =
+                    overflow_http.serve_connection(TokioIo::new(stream), overflow_service.clone());
+                connections.spawn(async move {
+                    let _permit = permit;
+                    match tokio::time::timeout(accept::OVERFLOW_DEADLINE, connection).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            debug!(%peer, error = %e, "connection over the cap ended with an error")
+                        }
+                        Err(_) => debug!(%peer, "connection over the cap timed out"),
+                    }
+                });
+                continue;
+            }
+            // Dropped: closed at once.
+            accept::Admitted::Refused => continue,
         };
         let _ = stream.set_nodelay(true);
         let keepalive = socket2::TcpKeepalive::new()
@@ -354,9 +397,14 @@ pub async fn serve(
         if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
             debug!(error = %e, "cannot set TCP keepalive");
         }
-        // Every write to the client, a websocket's too (the relay takes the
-        // guard over), waits at most the send timeout for the client.
-        let stream = WriteTimeout::new(stream, settings.client_send_timeout, peer);
+        // The slot goes with the socket, into a websocket relay too; every
+        // write to the client, a websocket's too (the relay takes the guard
+        // over), waits at most the send timeout for the client.
+        let stream = WriteTimeout::new(
+            ClientStream::new(stream, permit),
+            settings.client_send_timeout,
+            peer,
+        );
         let connection = http
             .serve_connection(TokioIo::new(stream), service.clone())
             .with_upgrades();

@@ -8,16 +8,24 @@
 //! every `health_interval`, racing every wait against the process's exit, a
 //! control message and shutdown. When the incarnation fails, the task
 //! cancels the incarnation's [`CancellationToken`] (in-flight requests end at
-//! once), stops the process group (SIGTERM, SIGKILL after a grace), and
-//! starts the next incarnation after a backoff that doubles with each
-//! failure in a row. Nothing here runs on the request path but
-//! [`ModuleHandle::admit`], which reads the status under a short-held mutex.
+//! once), stops the process group (SIGTERM, SIGKILL after a grace), kills
+//! whatever the incarnation started that left the group (see
+//! [`containment`]), and starts the next incarnation after a backoff that
+//! doubles with each failure in a row. Nothing here runs on the request
+//! path but [`ModuleHandle::admit`], which reads the status under a
+//! short-held mutex.
 //! A module task never blocks another one or the HTTP server.
 
+mod cgroup;
+mod containment;
+mod descendants;
 mod health;
 mod spawn;
 mod state;
 mod task;
+
+pub use cgroup::{run_warden, CgroupMode, WARDEN_FLAG};
+pub use containment::contain;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -26,7 +34,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -229,7 +236,7 @@ pub struct RouteReport {
 #[derive(Debug)]
 pub struct EarlyStart {
     name: String,
-    child: Option<Child>,
+    spawned: Option<spawn::Spawned>,
     started_at: SystemTime,
 }
 
@@ -241,19 +248,19 @@ impl EarlyStart {
     pub fn spawn(spec: &ModuleSpec, session: &Session) -> std::io::Result<EarlyStart> {
         let socket = session.socket_path(&spec.name);
         task::remove_stale_socket(&socket)?;
-        let child = spawn::spawn_module(spec, session, &socket, 0)?;
+        let spawned = spawn::spawn_module(spec, session, &socket, 0)?;
         Ok(EarlyStart {
             name: spec.name.clone(),
-            child: Some(child),
+            spawned: Some(spawned),
             started_at: SystemTime::now(),
         })
     }
 
     /// Its exit status, once it has exited.
     pub fn try_exit(&mut self) -> Option<ExitStatus> {
-        self.child
+        self.spawned
             .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
+            .and_then(|s| s.child.try_wait().ok().flatten())
     }
 
     /// The last lines of its stderr log, for a failure report.
@@ -261,19 +268,27 @@ impl EarlyStart {
         spawn::tail(&session.log_dir, &spawn::log_name(&self.name, "err"), lines)
     }
 
-    fn take(mut self) -> (Child, SystemTime) {
-        let child = self
-            .child
+    fn take(mut self) -> (spawn::Spawned, SystemTime) {
+        let spawned = self
+            .spawned
             .take()
             .expect("UNWRAP: an early start holds its child until taken");
-        (child, self.started_at)
+        (spawned, self.started_at)
     }
 }
 
 impl Drop for EarlyStart {
     fn drop(&mut self) {
-        if let Some(pid) = self.child.as_ref().and_then(Child::id) {
+        let Some(spawned) = self.spawned.take() else {
+            return;
+        };
+        if let Some(pid) = spawned.child.id() {
             spawn::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        // Its cgroup, and the rest at the host's exit (its registration
+        // stays: the runtime still reaps the process).
+        if let Some(cgroup) = spawned.cgroup {
+            cgroup.kill_and_remove();
         }
     }
 }
@@ -324,6 +339,7 @@ impl Supervisor {
                 ModuleHandle { shared }
             })
             .collect();
+        tracker.spawn(containment::watch(stop.clone()));
         tracker.close();
         Supervisor {
             modules,
@@ -347,5 +363,13 @@ impl Supervisor {
     pub async fn shutdown(&self) {
         self.stop.cancel();
         self.tracker.wait().await;
+    }
+
+    /// Kills whatever is left below the host (what modules started and no
+    /// incarnation's end could attribute, or all of it when the modules
+    /// did not stop in time) and removes the modules' cgroups. Last thing
+    /// before exit.
+    pub async fn sweep(&self) {
+        containment::sweep().await;
     }
 }

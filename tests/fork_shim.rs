@@ -9,7 +9,9 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::{client, command_module, dashd, eventually, kill, process_gone, ModuleDef};
+use crate::support::{
+    client, command_module, dashd, eventually, kill, process_gone, read_pid_file, ModuleDef,
+};
 
 const ZYGOTE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/modules/ray/zygote.py");
 const APP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/zygote_app.py");
@@ -246,6 +248,88 @@ async fn sigkill_of_ray_dashd_ends_forked_modules() {
     d.wait_exit(Duration::from_secs(10));
     assert!(gone(pid(&z)).await, "zygote outlived ray-dashd");
     assert!(gone(child).await, "forked child {child} outlived ray-dashd");
+}
+
+/// What a forked module starts in a session of its own, ignoring SIGTERM,
+/// ends with the module's incarnation, though the module is the zygote's
+/// child: in the shim's cgroup, which it joins before it runs (with
+/// cgroups), or found through the shim's process group (without).
+#[tokio::test]
+async fn a_forked_modules_escaped_descendants_end_with_its_incarnation() {
+    let Some(py) = python() else { return };
+    for cgroups in ["auto", "off"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pidfile = dir.path().join("escapee.pid");
+        let mut cleanup = KillNamedIn {
+            file: pidfile.clone(),
+            pids: Vec::new(),
+        };
+        let p = pidfile.display();
+        let spawn = format!(
+            "exec setsid sh -c 'trap \"\" TERM; echo $$ > {p}.tmp && mv {p}.tmp {p} && exec sleep 600'"
+        );
+        let mut d = dashd()
+            .server("cgroups", &format!("{cgroups:?}"))
+            .module(zygote(&py).env("ZFX_SPAWN", &spawn))
+            .module(forked(&py, "alpha", &[]).env("ZFX_SPAWN", &spawn))
+            .start();
+        d.healthy("alpha", 0).await;
+        let info = info(&d, "alpha").await;
+        assert_eq!(info["forked"], true, "{info}");
+        if d.log()
+            .contains("each module incarnation runs in a cgroup of its own")
+        {
+            let cgroup = info["cgroup"].as_str().unwrap_or_default();
+            assert!(cgroup.ends_with("/alpha-0"), "{info}");
+        }
+        let escapee = u64::from(read_pid_file(&pidfile).await);
+        cleanup.pids.push(escapee as u32);
+        assert!(
+            !process_gone(escapee as u32),
+            "escapee {escapee} is not running"
+        );
+        let restarted = client()
+            .post(d.url("/api/modules/alpha/restart"))
+            .send()
+            .await
+            .expect("restart");
+        assert_eq!(restarted.status(), 202);
+        assert!(
+            gone(escapee).await,
+            "escapee {escapee} of a forked module outlived its incarnation (cgroups {cgroups}); log:\n{}",
+            d.log()
+        );
+        d.healthy("alpha", 1).await;
+        let again = u64::from(read_pid_file(&pidfile).await);
+        d.signal(Signal::SIGTERM);
+        assert!(d.wait_exit(GONE).success(), "log:\n{}", d.log());
+        assert!(
+            gone(again).await,
+            "escapee {again} outlived ray-dashd (cgroups {cgroups}); log:\n{}",
+            d.log()
+        );
+    }
+}
+
+/// Kills, on drop, the processes it was given and the one its pid file
+/// names then, if they are still there: a failed test leaves none behind.
+struct KillNamedIn {
+    file: std::path::PathBuf,
+    pids: Vec<u32>,
+}
+
+impl Drop for KillNamedIn {
+    fn drop(&mut self) {
+        let named = std::fs::read_to_string(&self.file)
+            .ok()
+            .and_then(|text| text.trim().parse::<u32>().ok());
+        for pid in self.pids.iter().copied().chain(named) {
+            if !process_gone(pid) {
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+        }
+    }
 }
 
 /// A zygote whose preload left a thread running does not fork (fork safety):

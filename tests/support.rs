@@ -163,6 +163,7 @@ pub struct DashdBuilder {
     stall_stderr: bool,
     binary: Option<PathBuf>,
     default_config: bool,
+    nofile: Option<(u64, u64)>,
 }
 
 /// Starts describing a ray-dashd fixture.
@@ -215,6 +216,13 @@ impl DashdBuilder {
         self
     }
 
+    /// Starts ray-dashd with this soft and hard `RLIMIT_NOFILE` (through
+    /// `sh -c 'ulimit …; exec ray-dashd …'`: the pid is ray-dashd's).
+    pub fn nofile(mut self, soft: u64, hard: u64) -> Self {
+        self.nofile = Some((soft, hard));
+        self
+    }
+
     /// Stops reading ray-dashd's stderr once it listens, as a stalled
     /// reader would, until [`Dashd::resume_stderr`]: the pipe fills.
     pub fn stall_stderr(mut self) -> Self {
@@ -248,7 +256,18 @@ impl DashdBuilder {
             .binary
             .clone()
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ray-dashd")));
-        let mut command = Command::new(binary);
+        let mut command = match self.nofile {
+            Some((soft, hard)) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!(
+                        "ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\""
+                    ))
+                    .arg(&binary);
+                sh
+            }
+            None => Command::new(&binary),
+        };
         command
             .arg("--session-dir")
             .arg(&session)
@@ -565,6 +584,27 @@ pub fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .expect("VmRSS")
+}
+
+/// Waits (bounded) for the file `path`, written whole by a test's
+/// process, and reads the pid in it.
+pub async fn read_pid_file(path: &Path) -> u32 {
+    let pid = eventually(WAIT, || async {
+        std::fs::read_to_string(path)
+            .ok()?
+            .trim()
+            .parse::<u32>()
+            .ok()
+    })
+    .await;
+    pid.unwrap_or_else(|| panic!("no pid in {} within {WAIT:?}", path.display()))
+}
+
+/// Waits (bounded by `within`) until process `pid` is gone or a zombie.
+pub async fn gone_within(pid: u32, within: Duration) -> bool {
+    eventually(within, || async { process_gone(pid).then_some(()) })
+        .await
+        .is_some()
 }
 
 /// Sends `signal` to `pid`.

@@ -8,6 +8,8 @@ mod support;
 
 mod cli;
 mod client_proxy;
+mod descendants;
+mod descriptors;
 mod fork_shim;
 mod guard;
 mod install;

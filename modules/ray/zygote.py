@@ -214,6 +214,18 @@ def watch_lifeline(fd: int) -> None:
     threading.Thread(target=wait, name="ray-dashd-lifeline", daemon=True).start()
 
 
+def join_cgroup(cgroup) -> None:
+    """Moves this process into the cgroup v2 folder `cgroup`, if given."""
+    if not cgroup:
+        return
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+            # "0" is the writer itself.
+            procs.write("0")
+    except OSError as exc:
+        say(f"cannot join cgroup {cgroup}: {exc}; ray-dashd finds this module's processes through /proc")
+
+
 def public_env(env) -> dict:
     return {k: v for k, v in env.items() if not k.startswith(PRIVATE_ENV_PREFIX)}
 
@@ -373,6 +385,11 @@ class Zygote:
 
     def become_child(self, name, env, cwd, pgid, fds) -> Child:
         """In the child: drop everything of the zygote's, take the shim's world."""
+        # First of all, into the shim's cgroup (when ray-dashd runs each
+        # incarnation in one): ray-dashd kills that cgroup whole when the
+        # module's incarnation ends, and the zygote's when the zygote's does,
+        # so nothing this child starts may stay behind in the zygote's.
+        join_cgroup(env.get("RAY_DASHD_CGROUP"))
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

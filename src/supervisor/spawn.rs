@@ -1,20 +1,36 @@
 //! The process boundary: starting a module's process in its own process
-//! group, tied to the host's life, and stopping the whole group.
+//! group (and cgroup, where there are), tied to the host's life, and
+//! stopping the whole group.
 
 use std::io;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use rustix::process::Rlimit;
 use tokio::process::{Child, Command};
+use tracing::warn;
 
+use super::cgroup::{IncarnationCgroup, CGROUP_ENV};
+use super::containment::containment;
 use crate::config::ModuleSpec;
+use crate::descriptors;
 use crate::session::{LogDir, Session};
 
 /// How much of a log file's end is read to quote its last lines.
 const TAIL_BYTES: u64 = 4096;
+
+/// A started incarnation.
+#[derive(Debug)]
+pub(crate) struct Spawned {
+    /// Its process.
+    pub(crate) child: Child,
+    /// Its cgroup, when cgroups are in use.
+    pub(crate) cgroup: Option<IncarnationCgroup>,
+}
 
 /// Starts one incarnation of `spec`. Its stdout and stderr are appended to
 /// `<logs>/dashboard_<name>.out` and `.err`; one that cannot be opened (a
@@ -24,7 +40,7 @@ pub(crate) fn spawn_module(
     session: &Session,
     socket: &Path,
     incarnation: u32,
-) -> io::Result<Child> {
+) -> io::Result<Spawned> {
     // Any local user can put a link (or a FIFO, or a file they own and the
     // host cannot open) where a module's log goes, since Ray makes `logs/`
     // writable by all. That must not keep the module from starting, so the
@@ -58,19 +74,65 @@ pub(crate) fn spawn_module(
         // Its own group, so that stopping it reaches the processes it starts.
         .process_group(0)
         .kill_on_drop(true);
-    tie_to_parent(&mut cmd);
-    cmd.spawn()
+    let containment = containment();
+    let cgroup = containment.cgroup_for(&spec.name, incarnation);
+    if let Some(cgroup) = &cgroup {
+        cmd.env(CGROUP_ENV, cgroup.dir());
+    }
+    prepare_child(
+        &mut cmd,
+        cgroup.as_ref().map(IncarnationCgroup::procs_fd),
+        descriptors::limit_for_modules(),
+    );
+    let child =
+        match containment
+            .descendants
+            .spawn(&spec.name, incarnation, || cmd.spawn(), Child::id)
+        {
+            Ok(child) => child,
+            Err(e) => {
+                if let Some(cgroup) = cgroup {
+                    cgroup.kill_and_remove();
+                }
+                return Err(e);
+            }
+        };
+    if let (Some(cgroup), Some(pid)) = (&cgroup, child.id()) {
+        if !cgroup.holds(pid) {
+            warn!(
+                module = %spec.name,
+                incarnation,
+                pid,
+                cgroup = %cgroup.dir().display(),
+                "module did not join its cgroup; what it leaves behind is found through /proc only"
+            );
+        }
+    }
+    Ok(Spawned { child, cgroup })
 }
 
-/// Makes the kernel SIGKILL the child when the host dies, even by SIGKILL.
+/// Between fork and exec: moves the child into its cgroup (the descriptor
+/// of the cgroup's `cgroup.procs`), gives it back the open-file limit the
+/// host started with, and makes the kernel SIGKILL it when the host dies,
+/// even by SIGKILL.
 #[allow(unsafe_code)]
-fn tie_to_parent(cmd: &mut Command) {
+fn prepare_child(cmd: &mut Command, cgroup_procs: Option<RawFd>, nofile: Option<Rlimit>) {
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs between fork and exec and makes only
-    // async-signal-safe system calls (prctl, getppid, kill); it allocates
-    // nothing and takes no lock.
+    // async-signal-safe system calls (write, setrlimit, prctl, getppid,
+    // kill); it allocates nothing and takes no lock. The descriptor stays
+    // open in the parent until the spawn has returned.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(fd) = cgroup_procs {
+                // "0" is the writer itself. A failure leaves the module
+                // outside its cgroup, which the parent sees and reports:
+                // the module still starts.
+                let _ = rustix::io::write(BorrowedFd::borrow_raw(fd), b"0");
+            }
+            if let Some(limit) = nofile {
+                descriptors::restore(limit)?;
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             // The parent may have died before prctl took effect.
             if nix::unistd::getppid() != parent {

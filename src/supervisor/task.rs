@@ -7,14 +7,14 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, sleep, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use super::containment::{after_stop, before_stop};
 use super::health::check_health;
-use super::spawn::{log_name, spawn_module, stop_child, tail};
+use super::spawn::{log_name, spawn_module, stop_child, tail, Spawned};
 use super::state::{Gate, ModuleState};
 use super::ModuleShared;
 use crate::config::Supervision;
@@ -56,7 +56,7 @@ pub(crate) struct ModuleTask {
     pub(crate) controls: mpsc::Receiver<Control>,
     pub(crate) shutdown: CancellationToken,
     /// Incarnation 0, when the host started it before the supervisor.
-    pub(crate) early: Option<(Child, SystemTime)>,
+    pub(crate) early: Option<(Spawned, SystemTime)>,
 }
 
 impl ModuleTask {
@@ -129,7 +129,7 @@ impl ModuleTask {
             s.next_start_at = None;
         });
         let (spawned, started_at) = match self.early.take() {
-            Some((child, started_at)) => (Ok(child), started_at),
+            Some((spawned, started_at)) => (Ok(spawned), started_at),
             None => (
                 self.session
                     .check_sockets()
@@ -138,8 +138,8 @@ impl ModuleTask {
                 SystemTime::now(),
             ),
         };
-        let mut child = match spawned {
-            Ok(child) => child,
+        let Spawned { mut child, cgroup } = match spawned {
+            Ok(spawned) => spawned,
             Err(e) => {
                 let reason = format!("cannot start {}: {e}", shared.spec.program().display());
                 error!(incarnation, reason = %reason, "module failed");
@@ -285,8 +285,14 @@ impl ModuleTask {
             }),
             End::Shutdown => shared.update(|s| s.state = ModuleState::Stopping),
         }
+        // What the module started outside its group is found now, while
+        // its parents still live, and asked to stop along with the group.
+        before_stop(pid).await;
         let status = stop_child(pid, exit.as_mut(), &mut exited, sup.stop_grace).await;
         info!(incarnation, pid, exit = ?status, "module process ended");
+        // Then nothing of it may linger: setsid() children that ignore
+        // SIGTERM, double-forked daemons, what a forked module started.
+        after_stop(pid, cgroup).await;
         let healthy_for = ready_at.map(|t| t.elapsed()).unwrap_or_default();
         (end, healthy_for)
     }

@@ -38,6 +38,10 @@ struct Behaviour {
     never_ready: bool,
     /// `TEST_MODULE_IGNORE_SIGTERM=1`: only SIGKILL (or SIGINT) stops it.
     ignore_sigterm: bool,
+    /// `TEST_MODULE_SPAWN`: a shell command started (`sh -c`) as the
+    /// module's child at start and left running: descendants that setsid(),
+    /// ignore SIGTERM or double-fork away.
+    spawn: Option<String>,
 }
 
 impl Behaviour {
@@ -61,6 +65,7 @@ impl Behaviour {
             exit_on_start: number("TEST_MODULE_EXIT_ON_START")?,
             never_ready: flag("TEST_MODULE_NEVER_READY"),
             ignore_sigterm: flag("TEST_MODULE_IGNORE_SIGTERM"),
+            spawn: var("TEST_MODULE_SPAWN"),
         })
     }
 }
@@ -88,6 +93,22 @@ async fn main() -> ExitCode {
         tracing::warn!(code, "exiting on start");
         std::process::exit(code);
     }
+    // Held, never waited for: it lives as long as it likes.
+    let _spawned = match &behaviour.spawn {
+        Some(command) => match std::process::Command::new("sh")
+            .arg("-c")
+            .arg(command)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+        {
+            Ok(child) => Some(child),
+            Err(e) => {
+                eprintln!("test-module: cannot run TEST_MODULE_SPAWN: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
 
     match run(env, behaviour).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -24,8 +24,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 
+use crate::descriptors::ClientStream;
 use crate::proxy::idle::{is_send_timeout, WriteTimeout};
 use crate::proxy::module_stream::ModuleStream;
 use tokio::sync::mpsc;
@@ -95,6 +95,9 @@ pub(super) struct Socket {
     reader: Box<dyn AsyncRead + Send + Unpin>,
     writer: Box<dyn AsyncWrite + Send + Unpin>,
     early: Bytes,
+    /// A client's slot under `server.max_connections`, held until the
+    /// relay ends and the socket closes.
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Socket {
@@ -103,12 +106,15 @@ impl Socket {
     /// reads and writes skip hyper's adapters and the halves need no lock.
     /// A client's writing half keeps its send timeout.
     pub(super) fn from_upgraded(upgraded: Upgraded) -> Socket {
-        let upgraded = match upgraded.downcast::<TokioIo<WriteTimeout<TcpStream>>>() {
+        let upgraded = match upgraded.downcast::<TokioIo<WriteTimeout<ClientStream>>>() {
             Ok(parts) => {
-                let (stream, timeout, peer) = parts.io.into_inner().into_parts();
+                let (client, timeout, peer) = parts.io.into_inner().into_parts();
+                let (stream, slot) = client.into_parts();
                 let (reader, writer) = stream.into_split();
                 let writer = WriteTimeout::new(writer, timeout, peer);
-                return Socket::split((reader, writer), parts.read_buf);
+                let mut socket = Socket::split((reader, writer), parts.read_buf);
+                socket.slot = Some(slot);
+                return socket;
             }
             Err(upgraded) => upgraded,
         };
@@ -130,6 +136,7 @@ impl Socket {
             reader: Box::new(reader),
             writer: Box::new(writer),
             early,
+            slot: None,
         }
     }
 }
@@ -153,6 +160,8 @@ pub(super) async fn relay(
     max_message: usize,
     name: &str,
 ) {
+    // Let go when the relay ends, with the socket.
+    let _slots = (client.slot, module.slot);
     let (to_client, to_client_queue) = mpsc::channel(QUEUED_FRAMES);
     let (to_module, to_module_queue) = mpsc::channel(QUEUED_FRAMES);
     // Set once a close has crossed (or been made): the rest has a deadline.

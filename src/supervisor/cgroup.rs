@@ -1,0 +1,421 @@
+//! cgroup v2 containment, where the host may make cgroups: every module
+//! incarnation runs in a cgroup of its own, `<host's cgroup>/ray-dashd-<pid>/
+//! <module>-<incarnation>`, which is killed whole (`cgroup.kill`) when the
+//! incarnation ends, whatever session, group or parent its processes moved
+//! to. A small process, the warden, kills `ray-dashd-<pid>` when the host
+//! dies without doing so itself (SIGKILL, a crash).
+//!
+//! Usable when cgroup v2 is mounted, the host's own cgroup is writable to
+//! it (root, or a subtree delegated to its user: systemd's `Delegate=yes`)
+//! and the kernel has `cgroup.kill` (Linux 5.14). Otherwise the host says
+//! why at start and relies on [`super::descendants`] alone.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use tracing::{debug, warn};
+
+/// Whether module incarnations run in cgroups of their own
+/// (`server.cgroups`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupMode {
+    /// Where cgroup v2 is mounted and the host's own cgroup is writable.
+    #[default]
+    Auto,
+    /// Never: descendants are found through `/proc` only, and those in
+    /// other sessions outlive a SIGKILL of the host.
+    Off,
+}
+
+/// The variable that names an incarnation's cgroup to the module: a Python
+/// module forked by the zygote moves itself there before it runs.
+pub(crate) const CGROUP_ENV: &str = "RAY_DASHD_CGROUP";
+
+/// The hidden flag that runs `ray-dashd` as the warden.
+pub const WARDEN_FLAG: &str = "--cgroup-warden";
+
+/// Between two looks at whether a killed cgroup is empty.
+const EMPTY_POLL: Duration = Duration::from_millis(5);
+/// How long a killed cgroup may take to empty: SIGKILL is immediate, but a
+/// process in uninterruptible sleep (a hung NFS read) dies when it wakes.
+const EMPTY_WITHIN: Duration = Duration::from_secs(2);
+
+/// The host's cgroup for its modules, and the warden watching over it.
+#[derive(Debug)]
+pub(crate) struct Cgroups {
+    /// `<host's cgroup>/ray-dashd-<pid>`.
+    base: PathBuf,
+    /// The warden's stdin: the warden acts when it reads end-of-file, that
+    /// is when the host closes this or dies.
+    lifeline: Mutex<Option<ChildStdin>>,
+    /// The warden's pid, never reaped as an adopted orphan.
+    warden: Option<u32>,
+}
+
+impl Cgroups {
+    /// Makes the host's module cgroup and starts its warden, or says why
+    /// cgroups cannot be used here.
+    pub(crate) fn set_up() -> Result<Cgroups, String> {
+        let own = own_cgroup()?;
+        // Moving a process between two cgroups takes write access to the
+        // `cgroup.procs` of their common ancestor: the host's own.
+        rustix::fs::access(own.join("cgroup.procs"), rustix::fs::Access::WRITE_OK)
+            .map_err(|e| format!("{}/cgroup.procs is not writable: {e}", own.display()))?;
+        let base = own.join(format!("ray-dashd-{}", std::process::id()));
+        match fs::create_dir(&base) {
+            Ok(()) => {}
+            // A host with this pid died before it could clean up, and so
+            // did its warden: what is left in there is orphaned.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                warn!(cgroup = %base.display(), "removing the cgroup a previous ray-dashd left");
+                kill_and_remove(&base, true);
+                fs::create_dir(&base)
+                    .map_err(|e| format!("cannot make {}: {e}", base.display()))?;
+            }
+            Err(e) => return Err(format!("cannot make {}: {e}", base.display())),
+        }
+        if !base.join("cgroup.kill").exists() {
+            let _ = fs::remove_dir(&base);
+            return Err("the kernel has no cgroup.kill (Linux 5.14 or later)".into());
+        }
+        let (warden, lifeline) = match start_warden(&base) {
+            Ok(mut child) => {
+                let stdin = child.stdin.take();
+                (Some(child), stdin)
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot start the cgroup warden; modules in other sessions will outlive a SIGKILL of ray-dashd");
+                (None, None)
+            }
+        };
+        Ok(Cgroups {
+            base,
+            lifeline: Mutex::new(lifeline),
+            warden: warden.as_ref().map(Child::id),
+        })
+    }
+
+    /// The folder of the host's module cgroup.
+    pub(crate) fn base(&self) -> &Path {
+        &self.base
+    }
+
+    /// The warden's pid, if it runs.
+    pub(crate) fn warden(&self) -> Option<u32> {
+        self.warden
+    }
+
+    /// Makes the cgroup of incarnation `incarnation` of module `module`.
+    pub(crate) fn create(&self, module: &str, incarnation: u32) -> io::Result<IncarnationCgroup> {
+        // Module names are [A-Za-z0-9_-]+ and the number has no dash, so
+        // the name is unique and never one of the interface files (those
+        // all have a dot).
+        let dir = self.base.join(format!("{module}-{incarnation}"));
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            // Left by an incarnation whose processes would not die.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => kill_and_remove(&dir, true),
+            Err(e) => return Err(e),
+        }
+        if !dir.exists() {
+            fs::create_dir(&dir)?;
+        }
+        let procs = OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"))
+            .inspect_err(|_| {
+                let _ = fs::remove_dir(&dir);
+            })?;
+        Ok(IncarnationCgroup {
+            dir,
+            procs: procs.into(),
+        })
+    }
+
+    /// Kills whatever is left in the host's module cgroups and removes
+    /// them; then lets the warden go.
+    pub(crate) fn remove_all(&self) {
+        kill_and_remove(&self.base, false);
+        let lifeline = self
+            .lifeline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(lifeline);
+    }
+}
+
+/// One incarnation's cgroup.
+#[derive(Debug)]
+pub(crate) struct IncarnationCgroup {
+    dir: PathBuf,
+    /// Its `cgroup.procs`, open for writing: the new process writes `0`
+    /// there between fork and exec, and so is inside before the module's
+    /// code runs.
+    procs: OwnedFd,
+}
+
+impl IncarnationCgroup {
+    /// Its folder.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The descriptor a child writes `0` to, to move itself in.
+    pub(crate) fn procs_fd(&self) -> RawFd {
+        self.procs.as_raw_fd()
+    }
+
+    /// Whether process `pid` is in it (`/proc/<pid>/cgroup` names it).
+    pub(crate) fn holds(&self, pid: u32) -> bool {
+        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            return false;
+        };
+        let Some(name) = self.dir.file_name() else {
+            return false;
+        };
+        let Some(parent) = self.dir.parent().and_then(Path::file_name) else {
+            return false;
+        };
+        text.lines()
+            .filter_map(|line| line.strip_prefix("0::"))
+            .any(|path| {
+                let mut parts = Path::new(path).iter().rev();
+                parts.next() == Some(name) && parts.next() == Some(parent)
+            })
+    }
+
+    /// Kills every process in it, waits (within [`EMPTY_WITHIN`]) until it
+    /// is empty, and removes it. Blocking: a few file writes and reads.
+    pub(crate) fn kill_and_remove(self) {
+        kill_and_remove(&self.dir, false);
+    }
+}
+
+/// Kills everything in cgroup `dir` (and the cgroups under it), waits until
+/// it is empty, and removes it and the cgroups under it. Failures are
+/// logged (`quiet`: at debug level).
+fn kill_and_remove(dir: &Path, quiet: bool) {
+    if let Err(e) = fs::write(dir.join("cgroup.kill"), b"1") {
+        if e.kind() == io::ErrorKind::NotFound {
+            return;
+        }
+        if quiet {
+            debug!(cgroup = %dir.display(), error = %e, "cannot kill cgroup");
+        } else {
+            warn!(cgroup = %dir.display(), error = %e, "cannot kill cgroup");
+        }
+    }
+    let deadline = Instant::now() + EMPTY_WITHIN;
+    while populated(dir) && Instant::now() < deadline {
+        std::thread::sleep(EMPTY_POLL);
+    }
+    if let Err(e) = remove_tree(dir) {
+        if quiet {
+            debug!(cgroup = %dir.display(), error = %e, "cannot remove cgroup");
+        } else {
+            warn!(cgroup = %dir.display(), error = %e, "cannot remove cgroup; a process in it would not die");
+        }
+    }
+}
+
+/// Whether cgroup `dir` or one under it still holds a process.
+fn populated(dir: &Path) -> bool {
+    fs::read_to_string(dir.join("cgroup.events"))
+        .map(|events| events.lines().any(|line| line == "populated 1"))
+        .unwrap_or(false)
+}
+
+/// Removes cgroup `dir` and the (empty) cgroups under it, deepest first.
+fn remove_tree(dir: &Path) -> io::Result<()> {
+    match fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_tree(&entry.path())?;
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    match fs::remove_dir(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The folder of the host's own cgroup v2.
+fn own_cgroup() -> Result<PathBuf, String> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    let (root, mount) = cgroup2_mount(&mountinfo).ok_or("cgroup v2 is not mounted")?;
+    let cgroups = fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let own = cgroups
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .ok_or("not in a cgroup v2 (only v1 hierarchies in /proc/self/cgroup)")?;
+    cgroup_dir(&root, &mount, own)
+        .ok_or_else(|| format!("cgroup {own} is not under the cgroup2 mount at {mount}"))
+}
+
+/// The root and mount point of the first cgroup2 mount in `mountinfo`
+/// (proc(5): `id parent dev root mountpoint options [tags] - fstype ...`).
+fn cgroup2_mount(mountinfo: &str) -> Option<(String, String)> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        if right.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let mut fields = left.split_whitespace().skip(3);
+        let root = unescape(fields.next()?);
+        let mount = unescape(fields.next()?);
+        Some((root, mount))
+    })
+}
+
+/// The folder of cgroup `own` (as `/proc/self/cgroup` names it) in a
+/// cgroup2 mount of the hierarchy's `root` at `mount`.
+fn cgroup_dir(root: &str, mount: &str, own: &str) -> Option<PathBuf> {
+    // `own` is relative to the cgroup namespace's root, as `root` is; a
+    // cgroup outside the mounted part (" (deleted)", or above `root`)
+    // cannot be reached.
+    let rest = own.strip_prefix(root.trim_end_matches('/'))?;
+    if !(rest.is_empty() || rest.starts_with('/')) || rest.contains("..") {
+        return None;
+    }
+    Some(Path::new(mount).join(rest.trim_start_matches('/')))
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let octal = |b: &u8| (b'0'..=b'7').contains(b);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes.get(i + 1..i + 4) {
+            Some(digits) if bytes[i] == b'\\' && digits.iter().all(octal) => {
+                let code = digits
+                    .iter()
+                    .fold(0u32, |code, d| code * 8 + u32::from(d - b'0'));
+                out.push(u8::try_from(code).unwrap_or(b'?'));
+                i += 4;
+            }
+            _ => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Starts the warden for `base`: this same executable, with
+/// [`WARDEN_FLAG`], in a process group of its own (a signal to the host's
+/// group leaves it alone), reading a pipe that only the host writes.
+fn start_warden(base: &Path) -> io::Result<Child> {
+    Command::new("/proc/self/exe")
+        .arg(WARDEN_FLAG)
+        .arg(base)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .spawn()
+}
+
+/// The warden: waits for end-of-file on stdin (the host exited or died),
+/// then kills whatever is left in `base` and removes it. Stop signals are
+/// blocked: it must outlive the host, and ends by itself right after it.
+pub fn run_warden(base: &Path) -> ExitCode {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut stop = SigSet::empty();
+    for signal in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        stop.add(signal);
+    }
+    let _ = stop.thread_block();
+    // Started as /proc/self/exe, it would show in `ps` as "exe".
+    let _ = nix::sys::prctl::set_name(c"dashd-warden");
+    let mut stdin = io::stdin().lock();
+    let mut buf = [0u8; 64];
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    if base.exists() {
+        kill_and_remove(base, true);
+        if base.exists() {
+            let _ = writeln!(
+                io::stderr(),
+                "ray-dashd cgroup warden: cannot remove {}",
+                base.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_cgroup2_mount_of_a_hybrid_hierarchy() {
+        let mountinfo = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            cgroup2_mount(mountinfo),
+            Some(("/".to_owned(), "/sys/fs/cgroup/unified".to_owned()))
+        );
+        assert_eq!(cgroup2_mount("31 23 0:28 / /x rw - tmpfs tmpfs rw\n"), None);
+        let spaced = "41 31 0:38 /a\\040b /mnt/c\\040g rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            cgroup2_mount(spaced),
+            Some(("/a b".to_owned(), "/mnt/c g".to_owned()))
+        );
+    }
+
+    #[test]
+    fn maps_the_own_cgroup_into_the_mount() {
+        let at = |root, mount, own| cgroup_dir(root, mount, own);
+        assert_eq!(
+            at("/", "/sys/fs/cgroup", "/"),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        assert_eq!(
+            at("/", "/sys/fs/cgroup", "/system.slice/ray.service"),
+            Some(PathBuf::from("/sys/fs/cgroup/system.slice/ray.service"))
+        );
+        // A container that mounts only its part of the hierarchy.
+        assert_eq!(
+            at("/docker/abc", "/sys/fs/cgroup", "/docker/abc/app"),
+            Some(PathBuf::from("/sys/fs/cgroup/app"))
+        );
+        assert_eq!(at("/docker/abc", "/sys/fs/cgroup", "/docker/abcd"), None);
+        assert_eq!(at("/docker/abc", "/sys/fs/cgroup", "/other"), None);
+        assert_eq!(at("/", "/sys/fs/cgroup", "/a/../b"), None);
+    }
+}

@@ -16,28 +16,30 @@ use crate::support::{
 /// Bound on an escaped process's end once its incarnation ends.
 const GONE: Duration = Duration::from_secs(10);
 
-/// A shell command that starts, in a session of its own, a process that
-/// ignores SIGTERM and writes its pid to `pidfile`.
+/// A shell command: a process that ignores SIGTERM and writes its pid to
+/// `pidfile`.
 fn escapee(pidfile: &Path) -> String {
     let p = pidfile.display();
     format!("sh -c 'trap \"\" TERM; echo $$ > {p}.tmp && mv {p}.tmp {p} && exec sleep 600'")
 }
 
-/// The test module, starting two escapees: `child` stays its child (a
-/// setsid() in the same process), `detached` is double-forked away
-/// (`setsid -f`: its parent exits at once, so the host adopts it).
-fn module_with_escapees(dir: &Path) -> (ModuleDef, [PathBuf; 2]) {
-    let child = dir.join("child.pid");
-    let detached = dir.join("detached.pid");
+/// The test module, starting three processes that ignore SIGTERM:
+/// `grouped` stays in its process group (which a SIGKILL of the host does
+/// not reach), `child` stays its child but in a session of its own, and
+/// `detached` is double-forked away (`setsid -f`: its parent exits at
+/// once, so the host adopts it).
+fn module_with_escapees(dir: &Path) -> (ModuleDef, [PathBuf; 3]) {
+    let [grouped, child, detached] = ["grouped", "child", "detached"].map(|name| dir.join(name));
     let spawn = format!(
-        "setsid -f {}; exec setsid {}",
+        "setsid -f {}; {} & exec setsid {}",
         escapee(&detached),
+        escapee(&grouped),
         escapee(&child)
     );
     let module = test_module("esc")
         .env("TEST_MODULE_SPAWN", &spawn)
         .supervision("stop_grace_secs", "0.5");
-    (module, [child, detached])
+    (module, [grouped, child, detached])
 }
 
 /// Kills, on drop, every process it was given that is still there, and

@@ -305,7 +305,8 @@ async fn a_forked_modules_escaped_descendants_end_with_its_incarnation() {
         assert!(d.wait_exit(GONE).success(), "log:\n{}", d.log());
         assert!(
             gone(again).await,
-            "escapee {again} outlived ray-dashd (cgroups {cgroups}); log:\n{}",
+            "escapee {again} outlived ray-dashd (cgroups {cgroups}; now {:?}); log:\n{}",
+            crate::support::proc_stat(again as u32),
             d.log()
         );
     }

@@ -379,9 +379,11 @@ fn walk_down(first: Vec<u32>, mut children: impl FnMut(u32) -> Vec<u32>) -> Vec<
         }
         let Some(p) = stat(pid) else { continue };
         tree.push(p);
-        if !p.zombie {
-            queue.extend(children(pid));
-        }
+        // A zombie too: `stat` says Z once the main thread has exited,
+        // while other threads may live on, holding the main thread's
+        // children (seen: a forked Python module being killed, its
+        // setsid() child invisible beneath it until the host had exited).
+        queue.extend(children(pid));
     }
     tree
 }

@@ -10,19 +10,15 @@ use std::time::Duration;
 
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_util::either::Either;
 
 use crate::RayTls;
 
-/// A connection to a server: plain TCP, or TLS over it.
-#[derive(Debug)]
-pub enum ClientStream {
-    /// TLS is off.
-    Plain(TcpStream),
-    /// Ray's TLS (boxed: its state is large next to a socket's).
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
+/// A connection to a server: plain TCP (`Left`), or Ray's TLS over it
+/// (`Right`, boxed: its state is large next to a socket's). tokio-util's
+/// `Either` forwards reads and writes, vectored writes included.
+pub type ClientStream = Either<TcpStream, Box<tokio_rustls::client::TlsStream<TcpStream>>>;
 
 /// Connects to `host:port` (Nagle off: gRPC's small frames must not wait),
 /// then, with `tls`, makes the TLS handshake, checking the server's
@@ -37,70 +33,12 @@ pub async fn connect(tls: Option<&RayTls>, host: &str, port: u16) -> io::Result<
         .map_err(|e| io::Error::new(e.kind(), format!("connect to {host}:{port}: {e}")))?;
     tcp.set_nodelay(true)?;
     match tls {
-        None => Ok(ClientStream::Plain(tcp)),
+        None => Ok(Either::Left(tcp)),
         Some(tls) => {
             let stream = tls.handshake(host, tcp).await.map_err(|e| {
                 io::Error::new(e.kind(), format!("TLS handshake with {host}:{port}: {e}"))
             })?;
-            Ok(ClientStream::Tls(Box::new(stream)))
-        }
-    }
-}
-
-impl AsyncRead for ClientStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for ClientStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            ClientStream::Plain(s) => s.is_write_vectored(),
-            ClientStream::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Ok(Either::Right(Box::new(stream)))
         }
     }
 }

@@ -26,21 +26,7 @@ const TICK_INTERVAL: Duration = Duration::from_secs(1);
 /// Runs the module until SIGTERM or SIGINT: the entry point of both
 /// `ray-dashd module example` and `ray-dashd-example`.
 pub fn main() -> ExitCode {
-    ray_dashd_sdk::init_tracing();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(serve()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "example module failed");
-            ExitCode::FAILURE
-        }
-    }
+    ray_dashd_sdk::run_main("example module", serve())
 }
 
 /// Serves the routes on the socket the host names.

@@ -61,21 +61,7 @@ pub fn router(dir: LogDir, shutdown: CancellationToken) -> Router {
 /// Runs the module until SIGTERM or SIGINT: reads the module environment,
 /// serves the log folder's routes plus `/api/healthz` on the host's socket.
 pub fn main() -> ExitCode {
-    ray_dashd_sdk::init_tracing();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(serve()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "logs module failed");
-            ExitCode::FAILURE
-        }
-    }
+    ray_dashd_sdk::run_main("logs module", serve())
 }
 
 async fn serve() -> Result<(), StartupError> {

@@ -185,6 +185,30 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// A module's whole `main`: installs tracing ([`init_tracing`]), runs
+/// `serve` to its end on a new tokio runtime, and turns the outcome into
+/// the process's exit status, logging a failure as `{module} failed`.
+pub fn run_main<E: std::fmt::Display>(
+    module: &str,
+    serve: impl Future<Output = Result<(), E>>,
+) -> std::process::ExitCode {
+    init_tracing();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "{module} failed");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Adds `GET /api/healthz` answering 200 `ok` to `router`.
 ///
 /// # Panics

@@ -9,9 +9,9 @@
 use serde_json::Value;
 
 use crate::ray_head::{
-    all_ray_modules_healthy, authed, free_port, ray_python, text, token, RayHead, RAY_WAIT,
+    all_ray_modules_healthy, authed, free_port, hosting, ray_python, text, RayHead, RAY_WAIT,
 };
-use crate::support::{dashd, eventually};
+use crate::support::eventually;
 
 /// A custom resource only the worker node has, to pin a task to it.
 const WORKER_RESOURCE: &str = "dashd_worker_node";
@@ -30,18 +30,7 @@ async fn a_second_node_is_seen_and_used_through_ray_dashd() {
     let head = RayHead::start_multi_node(&python);
     let resources = format!("--resources={{\"{WORKER_RESOURCE}\": 1}}");
     let worker = RayHead::join(&head, &python, &[&resources]);
-    let d = dashd()
-        .session_dir(&head.session())
-        .toml(&format!(
-            "[ray]\nmodules = \"on\"\npython = {}\nclient_port = {}\n",
-            serde_json::to_string(&python.display().to_string()).expect("json"),
-            free_port()
-        ))
-        .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        .env("RAY_USAGE_STATS_ENABLED", "0")
-        .env("RAY_AUTH_MODE", "token")
-        .env("RAY_AUTH_TOKEN", &token())
-        .start();
+    let d = hosting(&head, &python, free_port(), "").start();
     all_ray_modules_healthy(&d).await;
     let address = d.url("");
 

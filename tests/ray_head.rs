@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::{dashd, eventually, kill, proc_stat, process_gone, Dashd};
+use crate::support::{dashd, eventually, kill, proc_stat, process_gone, Dashd, DashdBuilder};
 
 /// Ray's nine default subprocess modules (the same in 2.45 through 2.60).
 pub(crate) const RAY_MODULES: [&str; 9] = [
@@ -379,6 +379,49 @@ fn submission_id(submitted: &Output) -> String {
         .to_owned()
 }
 
+/// ray-dashd hosting the Ray modules of `head` with `python`, its client
+/// proxy on `client_port`, with the cluster's environment and token;
+/// `extra_ray` (TOML lines) goes into its `[ray]` table.
+pub(crate) fn hosting(
+    head: &RayHead,
+    python: &Path,
+    client_port: u16,
+    extra_ray: &str,
+) -> DashdBuilder {
+    dashd()
+        .session_dir(&head.session())
+        .toml(&format!(
+            "[ray]\nmodules = \"on\"\npython = {}\nclient_port = {client_port}\n{extra_ray}",
+            serde_json::to_string(&python.display().to_string()).expect("json"),
+        ))
+        .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        .env("RAY_USAGE_STATS_ENABLED", "0")
+        .env("RAY_AUTH_MODE", "token")
+        .env("RAY_AUTH_TOKEN", &token())
+}
+
+/// Waits, within [`RAY_WAIT`], until the Ray Client proxy module of `d`
+/// is healthy; fails the test with the host's log otherwise.
+pub(crate) async fn client_proxy_healthy(d: &Dashd) {
+    let healthy = eventually(RAY_WAIT, || async {
+        let module: Value = authed()
+            .get(d.url("/api/modules/ray_client_proxy"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (module["state"] == "healthy").then_some(())
+    })
+    .await;
+    assert!(
+        healthy.is_some(),
+        "the Ray Client proxy module is not healthy:\n{}",
+        d.log()
+    );
+}
+
 pub(crate) async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
     let deadline = Instant::now() + RAY_WAIT;
     loop {
@@ -425,18 +468,13 @@ pub(crate) async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
 async fn ray_cli_works_through_ray_dashd() {
     let python = ray_python();
     let head = RayHead::start(&python);
-    let mut d = dashd()
-        .session_dir(&head.session())
-        .toml(&format!(
-            "[ray]\nmodules = \"on\"\npython = {}\ngcs_gone_secs = {GCS_GONE_SECS}\nclient_port = {}\n",
-            serde_json::to_string(&python.display().to_string()).expect("json"),
-            free_port()
-        ))
-        .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        .env("RAY_USAGE_STATS_ENABLED", "0")
-        .env("RAY_AUTH_MODE", "token")
-        .env("RAY_AUTH_TOKEN", &token())
-        .start();
+    let mut d = hosting(
+        &head,
+        &python,
+        free_port(),
+        &format!("gcs_gone_secs = {GCS_GONE_SECS}\n"),
+    )
+    .start();
     all_ray_modules_healthy(&d).await;
     // The zygote the host started before its supervisor (it reads Ray's
     // route table from it) is the one the supervisor keeps: incarnation 0,
@@ -455,23 +493,7 @@ async fn ray_cli_works_through_ray_dashd() {
         "{zygote_log}"
     );
     // With Ray's modules comes the Ray Client proxy.
-    let proxy_healthy = crate::support::eventually(RAY_WAIT, || async {
-        let module: Value = authed()
-            .get(d.url("/api/modules/ray_client_proxy"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (module["state"] == "healthy").then_some(())
-    })
-    .await;
-    assert!(
-        proxy_healthy.is_some(),
-        "the Ray Client proxy module is not healthy:\n{}",
-        d.log()
-    );
+    client_proxy_healthy(&d).await;
     let address = d.url("");
 
     let submitted = head.cli(&[

@@ -11,8 +11,9 @@
 use std::path::PathBuf;
 
 use crate::ray_client::run_driver;
-use crate::ray_head::{all_ray_modules_healthy, authed, free_port, text, token, RayHead};
-use crate::support::dashd;
+use crate::ray_head::{
+    all_ray_modules_healthy, client_proxy_healthy, free_port, hosting, text, RayHead,
+};
 
 /// The other release's Python. Missing, the test fails: a skipped run must
 /// not pass for one that ran.
@@ -27,17 +28,7 @@ async fn another_ray_release_is_hosted() {
     let python = other_ray_python();
     let head = RayHead::start(&python);
     let client_port = free_port();
-    let d = dashd()
-        .session_dir(&head.session())
-        .toml(&format!(
-            "[ray]\nmodules = \"on\"\npython = {}\nclient_port = {client_port}\n",
-            serde_json::to_string(&python.display().to_string()).expect("json"),
-        ))
-        .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        .env("RAY_USAGE_STATS_ENABLED", "0")
-        .env("RAY_AUTH_MODE", "token")
-        .env("RAY_AUTH_TOKEN", &token())
-        .start();
+    let d = hosting(&head, &python, client_port, "").start();
     all_ray_modules_healthy(&d).await;
     let address = d.url("");
 
@@ -81,19 +72,7 @@ async fn another_ray_release_is_hosted() {
 
     // A runtime env makes the proxy ask the head's runtime env agent, which
     // it finds through the GCS's node table.
-    let proxied = crate::support::eventually(crate::ray_head::RAY_WAIT, || async {
-        let module: serde_json::Value = authed()
-            .get(d.url("/api/modules/ray_client_proxy"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (module["state"] == "healthy").then_some(())
-    })
-    .await;
-    assert!(proxied.is_some(), "client proxy not healthy:\n{}", d.log());
+    client_proxy_healthy(&d).await;
     let env_vars = run_driver(
         &head,
         &python,

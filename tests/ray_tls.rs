@@ -9,11 +9,13 @@
 use std::path::Path;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-use serde_json::Value;
 
 use crate::ray_client::run_driver;
-use crate::ray_head::{all_ray_modules_healthy, authed, free_port, text, token, RayHead, RAY_WAIT};
-use crate::support::{dashd, eventually};
+use crate::ray_head::{
+    all_ray_modules_healthy, authed, client_proxy_healthy, free_port, hosting, text, RayHead,
+    RAY_WAIT,
+};
+use crate::support::eventually;
 
 /// Writes a CA (`ca.crt`) and a certificate it signed for 127.0.0.1 and
 /// localhost (`server.crt`, `server.key`) into `dir`; Ray's TLS variables
@@ -60,16 +62,7 @@ async fn ray_dashd_serves_a_tls_cluster() {
     let head = RayHead::start_with_env(&python, &tls_pairs);
 
     let client_port = free_port();
-    let mut builder = dashd()
-        .session_dir(&head.session())
-        .toml(&format!(
-            "[ray]\nmodules = \"on\"\npython = {}\nclient_port = {client_port}\n",
-            serde_json::to_string(&python.display().to_string()).expect("json"),
-        ))
-        .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        .env("RAY_USAGE_STATS_ENABLED", "0")
-        .env("RAY_AUTH_MODE", "token")
-        .env("RAY_AUTH_TOKEN", &token());
+    let mut builder = hosting(&head, &python, client_port, "");
     for (key, value) in &tls_pairs {
         builder = builder.env(key, value);
     }
@@ -93,23 +86,7 @@ async fn ray_dashd_serves_a_tls_cluster() {
         );
     }
 
-    let proxy_healthy = eventually(RAY_WAIT, || async {
-        let module: Value = authed()
-            .get(d.url("/api/modules/ray_client_proxy"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (module["state"] == "healthy").then_some(())
-    })
-    .await;
-    assert!(
-        proxy_healthy.is_some(),
-        "the Ray Client proxy module is not healthy:\n{}",
-        d.log()
-    );
+    client_proxy_healthy(&d).await;
 
     let submitted = head.cli(&[
         "job",

@@ -319,10 +319,22 @@ mod tests {
     #[derive(Debug, Clone, Default)]
     struct Stalled {
         open: Arc<(Mutex<bool>, Condvar)>,
+        /// Set once a write is blocked (or went through).
+        entered: Arc<(Mutex<bool>, Condvar)>,
         out: Captured,
     }
 
     impl Stalled {
+        /// Waits, within a bound, until the writer thread is in `write`.
+        fn wait_entered(&self) {
+            let (entered, cv) = &*self.entered;
+            let guard = entered.lock().expect("lock");
+            let (guard, _) = cv
+                .wait_timeout_while(guard, Duration::from_secs(10), |e| !*e)
+                .expect("lock");
+            assert!(*guard, "the writer thread never took a line");
+        }
+
         fn open(&self) {
             let (open, cv) = &*self.open;
             *open.lock().expect("lock") = true;
@@ -332,6 +344,11 @@ mod tests {
 
     impl Write for Stalled {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            {
+                let (entered, cv) = &*self.entered;
+                *entered.lock().expect("lock") = true;
+                cv.notify_all();
+            }
             let (open, cv) = &*self.open;
             let mut guard = open.lock().expect("lock");
             while !*guard {
@@ -372,7 +389,9 @@ mod tests {
             );
         tracing::subscriber::with_default(subscriber, || {
             // One line in the writer, one in the queue: the rest dropped.
-            for i in 0..10 {
+            tracing::info!(i = 0, "line");
+            stalled.wait_entered();
+            for i in 1..10 {
                 tracing::info!(i, "line");
             }
             drops.check();

@@ -1,9 +1,12 @@
-//! The configuration: the TOML file (or the built-in default), merged with the
-//! command line, validated into typed values before anything binds or spawns.
+//! The configuration: the TOML file laid over the built-in one, merged with
+//! the command line, validated into typed values before anything binds or
+//! spawns.
 //!
-//! The file's format is in [`raw`] (with its parser, whose errors name the
-//! line and column); [`validate`] turns it into the types here.
+//! The file's format and its layering are in [`raw`] (with the parser,
+//! whose errors name the line and column); [`validate`] turns it into the
+//! types here; [`effective`] writes them back out as TOML.
 
+mod effective;
 mod raw;
 mod validate;
 
@@ -14,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::Method;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cli::Cli;
 use crate::error::ConfigError;
@@ -180,7 +183,7 @@ pub struct RouteSpec {
 }
 
 /// How the host forwards a route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RouteKind {
     /// A request and a response, with a deadline for the response to start.
@@ -211,6 +214,7 @@ pub const HOST_PATHS: &[&str] = &[
     "/api/modules",
     "/api/modules/{name}",
     "/api/modules/{name}/restart",
+    crate::server::STATUS_PATH,
     // ray-dashd's UI, its only place when Ray's own UI is served at `/`.
     "/dashd",
     "/dashd/{*path}",
@@ -231,26 +235,66 @@ pub const HOST_PATHS: &[&str] = &[
 const MIN_HEADER_BYTES: usize = 8 * 1024;
 
 impl Config {
-    /// Reads the file named by `--config` (or the built-in default) and merges
-    /// the command line over it.
+    /// Reads the file named by `--config`, lays it over the built-in config
+    /// (see [`Config::from_toml`]), and merges the command line over both.
     pub fn load(cli: &Cli) -> Result<Config, ConfigError> {
-        let (origin, text) = match &cli.config {
+        match &cli.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.clone(),
                     source,
                 })?;
-                (path.display().to_string(), text)
+                Config::from_toml(&path.display().to_string(), &text, cli)
             }
-            None => (DEFAULT_CONFIG_NAME.to_owned(), DEFAULT_CONFIG.to_owned()),
-        };
-        Config::from_toml(&origin, &text, cli)
+            None => Config::builtin(cli),
+        }
     }
 
-    /// Parses and validates `text`, which came from `origin` (named in errors).
+    /// The built-in config (`config/default.toml`) with the command line
+    /// over it.
+    pub fn builtin(cli: &Cli) -> Result<Config, ConfigError> {
+        let mut builtin: RawConfig = parse(DEFAULT_CONFIG_NAME, DEFAULT_CONFIG)?;
+        let validator = Validator {
+            origin: DEFAULT_CONFIG_NAME,
+        };
+        let modules = builtin.modules.take().unwrap_or_default();
+        let mut config = validator.validate(builtin, cli)?;
+        config.modules = validator.modules(modules, &config.module_defaults, &[])?;
+        Ok(config)
+    }
+
+    /// Parses `text`, which came from `origin` (named in errors), and lays
+    /// it over the built-in config: each setting it names replaces the
+    /// built-in one; the built-in modules are kept, before its own, unless
+    /// it declares `[[modules]]` (or says `builtin_modules = false`;
+    /// `builtin_modules = true` keeps them beside its own).
     pub fn from_toml(origin: &str, text: &str, cli: &Cli) -> Result<Config, ConfigError> {
-        let raw: RawConfig = parse(origin, text)?;
-        Validator { origin }.validate(raw, cli)
+        let mut file: RawConfig = parse(origin, text)?;
+        let mut builtin: RawConfig = parse(DEFAULT_CONFIG_NAME, DEFAULT_CONFIG)?;
+        let builtin_modules = match file.builtin_modules_kept() {
+            true => builtin.modules.take().unwrap_or_default(),
+            false => Vec::new(),
+        };
+        let own_modules = file.modules.take().unwrap_or_default();
+        // The settings in effect are the file's wherever it names one, so
+        // an error in them is the file's to name.
+        let validator = Validator { origin };
+        let mut config = validator.validate(builtin.overlaid_with(&file), cli)?;
+        let builtin_validator = Validator {
+            origin: DEFAULT_CONFIG_NAME,
+        };
+        config.modules =
+            builtin_validator.modules(builtin_modules, &config.module_defaults, &[])?;
+        let own = validator.modules(own_modules, &config.module_defaults, &config.modules)?;
+        config.modules.extend(own);
+        Ok(config)
+    }
+
+    /// The config as TOML that loads back to the same config: every
+    /// setting written out, the modules listed whole and the built-in ones
+    /// left out (`builtin_modules = false`). What `--check-config` prints.
+    pub fn to_toml(&self) -> String {
+        effective::to_toml(self)
     }
 
     /// Adds the `[[modules]]` of `text` (from `origin`), checked like the

@@ -87,7 +87,11 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
         .build()
         .map_err(StartupError::Runtime)?;
     // Ray's zygote, when it is started here already, is a tokio child.
-    let (ray_head, early) = {
+    let ray::RayStart {
+        head: ray_head,
+        early,
+        status: ray_status,
+    } = {
         let _runtime = runtime.enter();
         ray::add_modules(&mut config, &session)?
     };
@@ -124,7 +128,10 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
                 }
             }
         };
-        run(config, session, listener, parent, early, shutdown).await;
+        run(
+            config, session, listener, parent, ray_status, early, shutdown,
+        )
+        .await;
         Ok(stopped)
     });
     // A blocking helper still running must not hold up the exit; the
@@ -134,14 +141,15 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
 }
 
 /// Starts the modules (taking over those in `early`) and serves on
-/// `listener` (with Ray's parent-side pages when `ray` is given) until
-/// `shutdown` resolves;
+/// `listener` (with Ray's parent-side pages when `ray` is given, and
+/// `ray_status` for the UI) until `shutdown` resolves;
 /// then drains the HTTP server, stops the modules and removes their sockets.
 pub async fn run(
     config: Config,
     session: Session,
     listener: TcpListener,
     ray: Option<ray::RayParent>,
+    ray_status: ray::RayStatus,
     early: impl IntoIterator<Item = supervisor::EarlyStart>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -161,6 +169,7 @@ pub async fn run(
             supervisor: Arc::clone(&supervisor),
             proxy,
             ray: ray.map(Arc::new),
+            ray_status: Arc::new(ray_status),
         },
         guard,
     );

@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use ray_dashd::cli::Cli;
 use ray_dashd::config::Config;
 
@@ -10,7 +9,7 @@ use ray_dashd::config::Config;
 const USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::parse_args() {
         Ok(cli) => cli,
         Err(e) => {
             // `--help` and `--version` come here too, to stdout; they
@@ -31,7 +30,7 @@ fn main() -> ExitCode {
         }
     };
     if cli.check_config {
-        println!("{config:#?}");
+        print!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
     match ray_dashd::launch(config) {

@@ -8,6 +8,7 @@ mod support;
 
 mod cli;
 mod client_proxy;
+mod config;
 mod fork_shim;
 mod guard;
 mod logging;

@@ -2,6 +2,7 @@
 
 use super::raw::line_column;
 use super::*;
+use crate::ray::python::{PythonSource, RayPython};
 use crate::ray::{RayLaunch, RayModules};
 use clap::Parser;
 
@@ -382,12 +383,19 @@ fn added_modules_are_checked_against_the_files() {
 }
 
 #[test]
-fn ray_settings_default_to_auto_with_python3() {
+fn ray_settings_default_to_auto_with_no_python_named() {
     let c = load("").expect("valid");
     assert_eq!(c.ray, RaySettings::default());
+    assert_eq!(c.ray.python, None);
     let c = load("[ray]\nmodules = \"off\"\npython = \"/opt/py\"\n").expect("valid");
     assert_eq!(c.ray.modules, RayModules::Off);
-    assert_eq!(c.ray.python, "/opt/py");
+    assert_eq!(
+        c.ray.python,
+        Some(RayPython {
+            program: "/opt/py".to_owned(),
+            source: PythonSource::ConfigFile("test.toml".to_owned()),
+        })
+    );
     assert_eq!(c.ray.launch, RayLaunch::Fork);
     let c = load("[ray]\nlaunch = \"standalone\"\n").expect("valid");
     assert_eq!(c.ray.launch, RayLaunch::Standalone);
@@ -406,4 +414,153 @@ fn normalized_patterns_ignore_parameter_names() {
         normalize_pattern("/a/{id}/b/{z}")
     );
     assert_ne!(normalize_pattern("/a/{x}"), normalize_pattern("/a/x"));
+}
+
+/// `--ray-python` (or its variable) wins over `[ray] python`, and an
+/// empty name is refused naming the field.
+#[test]
+fn ray_python_flag_wins_over_the_file() {
+    let text = "[ray]\npython = \"/opt/file-py\"\n";
+    let c =
+        Config::from_toml("t.toml", text, &cli(&["--ray-python", "/opt/flag-py"])).expect("valid");
+    assert_eq!(
+        c.ray.python,
+        Some(RayPython {
+            program: "/opt/flag-py".to_owned(),
+            source: PythonSource::Flag,
+        })
+    );
+    let mut from_env = cli(&["--ray-python", "/opt/env-py"]);
+    from_env.ray_python_from_env = true;
+    let c = Config::from_toml("t.toml", text, &from_env).expect("valid");
+    assert_eq!(c.ray.python.map(|p| p.source), Some(PythonSource::Env));
+    let msg = load("[ray]\npython = \"\"\n")
+        .expect_err("empty")
+        .to_string();
+    assert_eq!(msg, "config test.toml: ray.python: must name a program");
+}
+
+fn names(c: &Config) -> Vec<&str> {
+    c.modules.iter().map(|m| m.name.as_str()).collect()
+}
+
+/// A file laid over the built-in config keeps the built-in modules unless
+/// it lists its own or says `builtin_modules = false`; `true` keeps both.
+#[test]
+fn a_file_keeps_the_builtin_modules_unless_it_lists_its_own() {
+    let builtin = Config::builtin(&cli(&[])).expect("built-in");
+    let builtin_names = names(&builtin);
+    assert_eq!(builtin_names, ["example", "logs"]);
+    let c = load("[ray]\npython = \"/opt/py\"\n").expect("valid");
+    assert_eq!(names(&c), builtin_names);
+    let c =
+        load("[server]\nport = 9000\n[module_defaults]\nfailure_threshold = 7\n").expect("valid");
+    assert_eq!((c.port, names(&c)), (9000, builtin_names.clone()));
+    // The file's defaults apply to the built-in modules too.
+    assert!(c
+        .modules
+        .iter()
+        .all(|m| m.supervision.failure_threshold == 7));
+    let mine = "[[modules]]\nname = \"mine\"\ncommand = [\"x\"]\n";
+    assert_eq!(names(&load(mine).expect("valid")), ["mine"]);
+    assert!(load("modules = []\n").expect("valid").modules.is_empty());
+    assert!(load("builtin_modules = false\n")
+        .expect("valid")
+        .modules
+        .is_empty());
+    let both = format!("builtin_modules = true\n{mine}");
+    assert_eq!(
+        names(&load(&both).expect("valid")),
+        ["example", "logs", "mine"]
+    );
+    let only_mine = format!("builtin_modules = false\n{mine}");
+    assert_eq!(names(&load(&only_mine).expect("valid")), ["mine"]);
+}
+
+/// Beside the built-in modules, a module of the file is checked against
+/// them, and its errors name the file and its own index.
+#[test]
+fn a_file_module_beside_the_builtin_ones_is_checked_against_them() {
+    let text = "builtin_modules = true\n[[modules]]\nname = \"logs\"\ncommand = [\"x\"]\n";
+    let msg = load(text).expect_err("same name").to_string();
+    assert_eq!(
+        msg,
+        "config test.toml: modules[0].name: \"logs\" is already the name of an earlier module (a built-in one, or one of the config's)"
+    );
+    let text = "builtin_modules = true\n[[modules]]\nname = \"mine\"\ncommand = [\"x\"]\nroutes = [{ method = \"GET\", path = \"/api/example/hello\", type = \"http\" }]\n";
+    let msg = load(text).expect_err("same route").to_string();
+    assert!(
+        msg.starts_with("config test.toml: modules[0].routes[0].path: ")
+            && msg.contains("\"example\"")
+            && msg.contains("\"mine\""),
+        "{msg}"
+    );
+    let msg = load("builtin_modules = \"yes\"\n")
+        .expect_err("not a bool")
+        .to_string();
+    assert!(
+        msg.starts_with("config test.toml: builtin_modules: ") && msg.contains("line 1"),
+        "{msg}"
+    );
+}
+
+/// What `--check-config` prints loads back to the same config, and prints
+/// the same again.
+#[test]
+fn the_effective_config_loads_back_unchanged() {
+    let texts = [
+        "",
+        "[ray]\npython = \"/opt/py\"\nlaunch = \"standalone\"\ngcs_gone_secs = 0.1\n",
+        r#"
+[server]
+host = "::1"
+port = 0
+session_dir = "/tmp/élan/session"
+max_header_bytes = 9000
+http_response_timeout_secs = 1.000000001
+shutdown_grace_secs = 0.3
+worker_threads = 3
+allowed_hosts = ["Dash.Example.com"]
+allowed_origins = ["HTTPS://Dash.Example.com:443"]
+[module_defaults]
+failure_threshold = 5
+backoff_initial_secs = 0.1
+max_queued_requests = 0
+[ray]
+modules = "off"
+client_port = 0
+[[modules]]
+name = "a"
+command = ["prog", "--flag", "with \"quotes\""]
+env = { B = "2", A = "x=y" }
+supervision = { health_timeout_secs = 0.25, failure_threshold = 5, max_connections = 2 }
+routes = [
+  { method = "get", path = "/api/a/{id}", type = "http" },
+  { method = "GET", path = "/api/a/{id}/ws", type = "websocket" },
+]
+[[modules]]
+name = "b"
+command = ["b"]
+"#,
+    ];
+    for text in texts {
+        let first = load(text).expect(text);
+        let printed = first.to_toml();
+        let again = Config::from_toml("printed.toml", &printed, &cli(&[]))
+            .unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        assert_eq!(again.to_toml(), printed);
+        // The configs agree where the text cannot show it: the typed values.
+        let typed = |c: &Config| {
+            let mut c = c.clone();
+            c.ray.python = c.ray.python.map(|p| RayPython {
+                source: PythonSource::Flag,
+                ..p
+            });
+            format!("{c:?}")
+        };
+        assert_eq!(typed(&again), typed(&first), "{printed}");
+    }
+    let printed = load("").expect("valid").to_toml();
+    assert!(printed.contains("builtin_modules = false"), "{printed}");
+    assert!(printed.contains("name = \"logs\""), "{printed}");
 }

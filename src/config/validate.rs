@@ -15,6 +15,7 @@ use super::{
 };
 use crate::cli::Cli;
 use crate::error::ConfigError;
+use crate::ray::python::{PythonSource, RayPython};
 use crate::ray::RaySettings;
 
 pub(super) struct Validator<'a> {
@@ -30,6 +31,8 @@ impl Validator<'_> {
         }
     }
 
+    /// Validates the settings of `raw` (its modules are left to
+    /// [`Validator::modules`]) with the command line over them.
     pub(super) fn validate(&self, raw: RawConfig, cli: &Cli) -> Result<Config, ConfigError> {
         let s = raw.server;
         let defaults = self.supervision(
@@ -75,7 +78,6 @@ impl Validator<'_> {
             )?,
         };
 
-        let modules = self.modules(raw.modules, &defaults, &[])?;
         Ok(Config {
             session_dir: cli
                 .session_dir
@@ -85,14 +87,11 @@ impl Validator<'_> {
             host: cli.host.or(s.host).unwrap_or(IpAddr::from([127, 0, 0, 1])),
             port: cli.port.or(s.port).unwrap_or(8265),
             server,
-            modules,
+            modules: Vec::new(),
             module_defaults: defaults,
             ray: RaySettings {
                 modules: raw.ray.modules.unwrap_or_default(),
-                python: raw
-                    .ray
-                    .python
-                    .unwrap_or_else(|| RaySettings::default().python),
+                python: self.python(cli, raw.ray.python)?,
                 client_port: cli
                     .ray_client_port
                     .or(raw.ray.client_port)
@@ -112,6 +111,32 @@ impl Validator<'_> {
         })
     }
 
+    /// The Python for Ray's modules when one is named: `--ray-python` (or
+    /// `RAY_DASHD_RAY_PYTHON`) over `[ray] python`.
+    fn python(&self, cli: &Cli, file: Option<String>) -> Result<Option<RayPython>, ConfigError> {
+        let chosen = match (&cli.ray_python, file) {
+            (Some(program), _) => RayPython {
+                program: program.clone(),
+                source: if cli.ray_python_from_env {
+                    PythonSource::Env
+                } else {
+                    PythonSource::Flag
+                },
+            },
+            (None, Some(program)) => {
+                if program.is_empty() {
+                    return Err(self.invalid("ray.python", "must name a program"));
+                }
+                RayPython {
+                    program,
+                    source: PythonSource::ConfigFile(self.origin.to_owned()),
+                }
+            }
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(chosen))
+    }
+
     /// Validates `raw` modules, which come after `existing` ones.
     pub(super) fn modules(
         &self,
@@ -120,11 +145,12 @@ impl Validator<'_> {
         existing: &[ModuleSpec],
     ) -> Result<Vec<ModuleSpec>, ConfigError> {
         let mut modules = Vec::with_capacity(raw.len());
-        let mut names = HashMap::new();
+        // name -> its index among `raw`, or `None` for an existing module
+        let mut names: HashMap<String, Option<usize>> = HashMap::new();
         // (method, normalized path) -> (module, path as written)
         let mut claimed: HashMap<(Method, String), (String, String)> = HashMap::new();
-        for (i, module) in existing.iter().enumerate() {
-            names.insert(module.name.clone(), i);
+        for module in existing {
+            names.insert(module.name.clone(), None);
             for route in &module.routes {
                 claimed.insert(
                     (route.method.clone(), normalize_pattern(&route.path)),
@@ -146,10 +172,14 @@ impl Validator<'_> {
                     format!("{:?} must match [A-Za-z0-9_-]+", m.name),
                 ));
             }
-            if let Some(first) = names.insert(m.name.clone(), i) {
+            if let Some(first) = names.insert(m.name.clone(), Some(i)) {
+                let first = match first {
+                    Some(first) => format!("modules[{first}]"),
+                    None => "an earlier module (a built-in one, or one of the config's)".to_owned(),
+                };
                 return Err(self.invalid(
                     format!("{at}.name"),
-                    format!("{:?} is already the name of modules[{first}]", m.name),
+                    format!("{:?} is already the name of {first}", m.name),
                 ));
             }
             let mut command = m.command.into_iter();

@@ -1,6 +1,8 @@
 //! Supervision: crashes, hangs, failing health checks, crash loops, missing
 //! commands and slow starts; none of them stops the host serving the rest.
 
+use std::time::Duration;
+
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -314,6 +316,44 @@ async fn never_ready_module_times_out_and_retries() {
             .contains("not ready within"),
         "{report}"
     );
+}
+
+/// A module that answers 503 with its reason until its start-up deadline:
+/// its state shows the reason while it starts, and its failure carries the
+/// reason (the last probe gets a real timeout, not what is left: nothing).
+#[tokio::test]
+async fn a_module_not_ready_at_its_deadline_fails_with_its_own_reason() {
+    let d = dashd()
+        .module(
+            test_module("slow")
+                .env("TEST_MODULE_NOT_READY_REASON", "reason X, the fixture's")
+                .supervision("startup_timeout_secs", "1"),
+        )
+        .start();
+    let starting = eventually(Duration::from_secs(1), || async {
+        let r = d.module("slow").await;
+        let reason = r["reason"].as_str().unwrap_or("").to_owned();
+        (r["state"] == "starting" && reason.contains("reason X")).then_some(())
+    })
+    .await;
+    assert!(
+        starting.is_some(),
+        "the reason was not shown while starting: {}",
+        d.module("slow").await
+    );
+    let report = eventually(WAIT, || async {
+        let r = d.module("slow").await;
+        (r["restarts"].as_u64() >= Some(1)).then_some(r)
+    })
+    .await
+    .expect("retried");
+    let error = report["last_error"].as_str().expect("last_error");
+    assert!(
+        error.starts_with("not ready within 1s: healthz answered 503")
+            && error.contains("not ready: reason X, the fixture's"),
+        "{report}"
+    );
+    assert!(!error.contains("0ns"), "{report}");
 }
 
 /// A module still starting does not hold up requests to other modules or

@@ -26,7 +26,9 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Response {
     match state.health() {
         HealthMode::Ok => (StatusCode::OK, "ok").into_response(),
         HealthMode::Fail => (StatusCode::INTERNAL_SERVER_ERROR, "unhealthy").into_response(),
-        HealthMode::NeverReady => (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response(),
+        HealthMode::NeverReady => {
+            (StatusCode::SERVICE_UNAVAILABLE, state.not_ready.clone()).into_response()
+        }
         HealthMode::Hang => std::future::pending().await,
     }
 }

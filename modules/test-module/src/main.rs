@@ -36,6 +36,9 @@ struct Behaviour {
     exit_on_start: Option<i32>,
     /// `TEST_MODULE_NEVER_READY=1`: healthz answers 503.
     never_ready: bool,
+    /// `TEST_MODULE_NOT_READY_REASON`: healthz answers 503 with
+    /// `not ready: <this>` (implies never ready).
+    not_ready_reason: Option<String>,
     /// `TEST_MODULE_IGNORE_SIGTERM=1`: only SIGKILL (or SIGINT) stops it.
     ignore_sigterm: bool,
 }
@@ -59,7 +62,9 @@ impl Behaviour {
                 number("TEST_MODULE_STARTUP_DELAY_MS")?.unwrap_or(0),
             ),
             exit_on_start: number("TEST_MODULE_EXIT_ON_START")?,
-            never_ready: flag("TEST_MODULE_NEVER_READY"),
+            never_ready: flag("TEST_MODULE_NEVER_READY")
+                || var("TEST_MODULE_NOT_READY_REASON").is_some(),
+            not_ready_reason: var("TEST_MODULE_NOT_READY_REASON"),
             ignore_sigterm: flag("TEST_MODULE_IGNORE_SIGTERM"),
         })
     }
@@ -121,6 +126,9 @@ async fn run(env: ModuleEnv, behaviour: Behaviour) -> Result<(), SdkError> {
         env.incarnation,
         env.socket.clone(),
         health,
+        behaviour
+            .not_ready_reason
+            .map_or_else(|| "not ready".to_owned(), |why| format!("not ready: {why}")),
     ));
     let counted = Arc::clone(&state);
     let count = move |stream| connections::Counted::new(stream, Arc::clone(&counted));

@@ -73,6 +73,8 @@ pub(crate) struct Shared {
     pub(crate) socket: PathBuf,
     /// Current [`HealthMode`], stored as its `u8` discriminant.
     health: AtomicU8,
+    /// What healthz says in [`HealthMode::NeverReady`].
+    pub(crate) not_ready: String,
     /// `/test/stream` bodies created.
     pub(crate) streams_started: AtomicU64,
     /// `/test/stream` bodies that yielded every chunk.
@@ -96,12 +98,14 @@ impl Shared {
         incarnation: u32,
         socket: PathBuf,
         health: HealthMode,
+        not_ready: String,
     ) -> Self {
         Self {
             module,
             incarnation,
             socket,
             health: AtomicU8::new(health as u8),
+            not_ready,
             streams_started: AtomicU64::new(0),
             streams_completed: AtomicU64::new(0),
             streams_cancelled: AtomicU64::new(0),

@@ -298,7 +298,11 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
             return Err(StartupError::Ray(why));
         }
         info!(session = %session.dir.display(), "no Ray head found; Ray's modules are not hosted");
-        return Ok(unhosted(RayStatus::new("no_head", why, None)));
+        return Ok(unhosted(RayStatus::new(
+            "no_head",
+            format!("Ray's modules are not hosted: {why}"),
+            None,
+        )));
     };
     // One line, whatever failed: what was tried, what went wrong, the fix.
     let not_hosted = |python: Option<&RayPython>, why: String| {

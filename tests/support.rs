@@ -160,6 +160,7 @@ pub struct DashdBuilder {
     extra: String,
     session: Option<PathBuf>,
     env: Vec<(String, String)>,
+    args: Vec<String>,
     stall_stderr: bool,
 }
 
@@ -200,6 +201,12 @@ impl DashdBuilder {
         self
     }
 
+    /// Adds a command-line argument of ray-dashd.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
     /// Stops reading ray-dashd's stderr once it listens, as a stalled
     /// reader would, until [`Dashd::resume_stderr`]: the pipe fills.
     pub fn stall_stderr(mut self) -> Self {
@@ -236,6 +243,7 @@ impl DashdBuilder {
             .arg("0")
             .arg("--config")
             .arg(&config)
+            .args(&self.args)
             .env("RAY_DASHD_LOG", "info,ray_dashd=debug")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

@@ -27,7 +27,12 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Response {
         HealthMode::Ok => (StatusCode::OK, "ok").into_response(),
         HealthMode::Fail => (StatusCode::INTERNAL_SERVER_ERROR, "unhealthy").into_response(),
         HealthMode::NeverReady => {
-            (StatusCode::SERVICE_UNAVAILABLE, state.not_ready.clone()).into_response()
+            tokio::time::sleep(state.not_ready.delay).await;
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                state.not_ready.body.clone(),
+            )
+                .into_response()
         }
         HealthMode::Hang => std::future::pending().await,
     }

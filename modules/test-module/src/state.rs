@@ -62,6 +62,15 @@ pub(crate) struct CloseRecord {
     pub(crate) reason: String,
 }
 
+/// How `/api/healthz` answers while the module is not ready.
+#[derive(Debug, Clone)]
+pub(crate) struct NotReady {
+    /// The 503's body.
+    pub(crate) body: String,
+    /// How long the answer takes (a Python module's takes a few ms).
+    pub(crate) delay: std::time::Duration,
+}
+
 /// Everything the handlers share.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -73,8 +82,8 @@ pub(crate) struct Shared {
     pub(crate) socket: PathBuf,
     /// Current [`HealthMode`], stored as its `u8` discriminant.
     health: AtomicU8,
-    /// What healthz says in [`HealthMode::NeverReady`].
-    pub(crate) not_ready: String,
+    /// How healthz answers in [`HealthMode::NeverReady`].
+    pub(crate) not_ready: NotReady,
     /// `/test/stream` bodies created.
     pub(crate) streams_started: AtomicU64,
     /// `/test/stream` bodies that yielded every chunk.
@@ -98,7 +107,7 @@ impl Shared {
         incarnation: u32,
         socket: PathBuf,
         health: HealthMode,
-        not_ready: String,
+        not_ready: NotReady,
     ) -> Self {
         Self {
             module,

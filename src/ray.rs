@@ -717,6 +717,22 @@ mod tests {
     }
 
     #[test]
+    fn a_failure_is_one_line_with_the_fix_when_there_is_one() {
+        let traceback = "Traceback (most recent call last):\n  File \"x\", line 1\nModuleNotFoundError: No module named 'ray'\n\n";
+        assert_eq!(
+            last_line(traceback),
+            "ModuleNotFoundError: No module named 'ray'"
+        );
+        assert_eq!(last_line(""), "(no output)");
+        assert!(fix_for(last_line(traceback)).contains("--ray-python"));
+        assert!(fix_for("cannot run /no/python head_facts.py: not found").contains("--ray-python"));
+        assert!(fix_for("ModuleNotFoundError: No module named 'aiohttp'")
+            .contains("pip install 'ray[default]'"));
+        // Ray's own words say what differs; no fix to add.
+        assert_eq!(fix_for("ray 2.44.0 is older than 2.45.0"), "");
+    }
+
+    #[test]
     fn failing_command_reports_its_stderr() {
         let mut command = Command::new("sh");
         command.args(["-c", "echo partial; echo 'ray 2.61 differs' >&2; exit 64"]);

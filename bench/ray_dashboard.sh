@@ -223,6 +223,8 @@ stop_dashboard
 # ray-dashd hosts Ray's modules only (not its own example and logs modules),
 # so that both trees do the same job.
 cat >"$TMP/dashd.toml" <<EOF
+builtin_modules = false
+
 [server]
 host = "127.0.0.1"
 

@@ -195,7 +195,8 @@ def wait_healthy(base: str, names, at_least=None, deadline_secs=WAIT_SECS) -> li
 def one_run(args, head: Head, mode: str) -> dict:
     port = free_port()
     cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-    cfg.write(f"[ray]\nmodules = \"on\"\npython = {json.dumps(args.python)}\n"
+    # Ray's modules only: not ray-dashd's built-in example and logs modules.
+    cfg.write(f"builtin_modules = false\n[ray]\nmodules = \"on\"\npython = {json.dumps(args.python)}\n"
               f"launch = \"{mode}\"\n")
     cfg.close()
     env = ray_env(os.path.dirname(args.python))

@@ -4,7 +4,8 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 use crate::builtin::Builtin;
 
@@ -41,12 +42,37 @@ pub struct Cli {
     #[arg(long, env = "RAY_DASHD_RAY_CLIENT_PORT")]
     pub ray_client_port: Option<u16>,
 
-    /// A TOML config file (modules, limits, supervision settings). Without
-    /// it, the built-in copy of config/default.toml is used.
+    /// The Python that has ray[default], for Ray's modules and the Ray
+    /// Client proxy. [default: the Python of the Ray head's own processes,
+    /// else python3 on PATH]
+    #[arg(long, env = "RAY_DASHD_RAY_PYTHON", value_name = "PATH")]
+    pub ray_python: Option<String>,
+
+    /// Whether `ray_python` came from `RAY_DASHD_RAY_PYTHON` rather than
+    /// the flag (for the log line that says where the Python came from).
+    #[arg(skip)]
+    pub ray_python_from_env: bool,
+
+    /// A TOML config file (modules, limits, supervision settings), laid
+    /// over the built-in config/default.toml: what it sets replaces the
+    /// built-in setting; the built-in modules stay unless it lists its own.
     #[arg(long, env = "RAY_DASHD_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Check the config and print the effective settings, then exit.
+    /// Check the config and print the effective settings as TOML (which
+    /// `--config` loads back unchanged), then exit.
     #[arg(long)]
     pub check_config: bool,
+}
+
+impl Cli {
+    /// Parses the process's arguments (and `RAY_DASHD_*` variables), noting
+    /// which values came from the environment.
+    pub fn parse_args() -> Result<Cli, clap::Error> {
+        let matches = Cli::command().try_get_matches()?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        cli.ray_python_from_env =
+            matches.value_source("ray_python") == Some(ValueSource::EnvVariable);
+        Ok(cli)
+    }
 }

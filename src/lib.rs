@@ -136,7 +136,11 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
         .build()
         .map_err(StartupError::Runtime)?;
     // Ray's zygote, when it is started here already, is a tokio child.
-    let (ray_head, early) = {
+    let ray::RayStart {
+        head: ray_head,
+        early,
+        status: ray_status,
+    } = {
         let _runtime = runtime.enter();
         ray::add_modules(&mut config, &session)?
     };
@@ -185,7 +189,7 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
             }
         };
         run(
-            config, session, listener, parent, token, early, nofile, shutdown,
+            config, session, listener, parent, token, ray_status, early, nofile, shutdown,
         )
         .await;
         Ok(stopped)
@@ -197,10 +201,10 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
 }
 
 /// Starts the modules (taking over those in `early`) and serves on
-/// `listener` (with Ray's parent-side pages when `ray` is given, and only
-/// to requests bearing `token` when given) until `shutdown` resolves, at
-/// most as many clients at once as `nofile` open files leave room for
-/// (unless `server.max_connections` says);
+/// `listener` (with Ray's parent-side pages when `ray` is given, only to
+/// requests bearing `token` when given, and `ray_status` for the UI) until
+/// `shutdown` resolves, at most as many clients at once as `nofile` open
+/// files leave room for (unless `server.max_connections` says);
 /// then drains the HTTP server, stops the modules and removes their sockets.
 // Each argument is a separate product of start-up (tests pass their own);
 // a struct of them would only rename the list.
@@ -211,6 +215,7 @@ pub async fn run(
     listener: TcpListener,
     ray: Option<ray::RayParent>,
     token: Option<ray::auth::Token>,
+    ray_status: ray::RayStatus,
     early: impl IntoIterator<Item = supervisor::EarlyStart>,
     nofile: u64,
     shutdown: impl Future<Output = ()>,
@@ -231,6 +236,7 @@ pub async fn run(
             supervisor: Arc::clone(&supervisor),
             proxy,
             ray: ray.map(Arc::new),
+            ray_status: Arc::new(ray_status),
         },
         guard,
         token,

@@ -3,7 +3,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use ray_dashd::cli::Cli;
 use ray_dashd::config::Config;
 
@@ -20,7 +19,7 @@ fn main() -> ExitCode {
             return ray_dashd::supervisor::run_warden(std::path::Path::new(&base));
         }
     }
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::parse_args() {
         Ok(cli) => cli,
         Err(e) => {
             // `--help` and `--version` come here too, to stdout; they
@@ -45,7 +44,7 @@ fn main() -> ExitCode {
         }
     };
     if cli.check_config {
-        println!("{config:#?}");
+        print!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
     match ray_dashd::launch(config) {

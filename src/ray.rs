@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod gcs;
 pub mod parent;
+pub mod python;
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -19,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ray_dashd_tls::RayTls;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::builtin;
@@ -29,6 +30,7 @@ use crate::session::Session;
 use crate::supervisor::EarlyStart;
 use auth::Token;
 use gcs::{GcsClient, GcsStatus, Watcher};
+use python::RayPython;
 
 /// The launcher's files, written to `<session>/ray_dashd/` at start-up.
 const FILES: &[(&str, &str)] = &[
@@ -55,7 +57,7 @@ const ROUTES_TIMEOUT: Duration = Duration::from_secs(120);
 pub const GCS_GONE_AFTER: Duration = Duration::from_secs(60);
 
 /// When to host Ray's modules.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RayModules {
     /// When the session folder belongs to a Ray head (its temp dir names a
@@ -69,7 +71,7 @@ pub enum RayModules {
 }
 
 /// How Ray's modules are started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RayLaunch {
     /// Forked from one Python process that preloaded Ray and the module
@@ -86,8 +88,9 @@ pub enum RayLaunch {
 pub struct RaySettings {
     /// When to host Ray's modules.
     pub modules: RayModules,
-    /// The Python that has `ray` installed.
-    pub python: String,
+    /// The Python that has `ray` installed, when one is named; else one is
+    /// found at start-up ([`python::find`]).
+    pub python: Option<RayPython>,
     /// The Ray Client proxy's port; 0: no proxy.
     pub client_port: u16,
     /// How long the head's GCS may stay unreachable before ray-dashd stops.
@@ -106,7 +109,7 @@ impl Default for RaySettings {
     fn default() -> Self {
         RaySettings {
             modules: RayModules::Auto,
-            python: "python3".to_owned(),
+            python: None,
             client_port: DEFAULT_CLIENT_PORT,
             gcs_gone_after: GCS_GONE_AFTER,
             launch: RayLaunch::Fork,
@@ -228,36 +231,99 @@ impl RayParent {
     }
 }
 
+/// What [`add_modules`] found and started.
+#[derive(Debug)]
+pub struct RayStart {
+    /// The head whose modules are hosted, for [`watcher`].
+    pub head: Option<RayHead>,
+    /// Ray's zygote, when it was started here already (for
+    /// [`Supervisor::start`] to take over).
+    ///
+    /// [`Supervisor::start`]: crate::supervisor::Supervisor::start
+    pub early: Option<EarlyStart>,
+    /// Whether Ray's modules are hosted and why not, for the UI.
+    pub status: RayStatus,
+}
+
+/// Whether Ray's modules are hosted, and if not why, in one line: what
+/// `GET /api/dashd/status` says under `ray`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RayStatus {
+    /// `off` (`[ray] modules = "off"`), `no_head` (the session is no Ray
+    /// head's), `hosted` or `not_hosted`.
+    pub state: &'static str,
+    /// What is hosted, or why not and how to fix it.
+    pub message: String,
+    /// The Python that runs Ray's modules (or the one that failed).
+    pub python: Option<String>,
+    /// Where that Python came from.
+    pub python_source: Option<String>,
+    /// The installed Ray's version, when hosted.
+    pub ray_version: Option<String>,
+}
+
+impl RayStatus {
+    fn new(state: &'static str, message: impl Into<String>, python: Option<&RayPython>) -> Self {
+        RayStatus {
+            state,
+            message: message.into(),
+            python: python.map(|p| p.program.clone()),
+            python_source: python.map(|p| p.source.to_string()),
+            ray_version: None,
+        }
+    }
+}
+
 /// Adds Ray's modules to `config` when its `[ray]` settings ask for them.
-/// Returns the head they belong to, for [`watcher`], and Ray's zygote when
-/// it was started here already (for [`Supervisor::start`] to take over).
 /// Call within the runtime: the zygote is a tokio child.
-///
-/// [`Supervisor::start`]: crate::supervisor::Supervisor::start
-pub fn add_modules(
-    config: &mut Config,
-    session: &Session,
-) -> Result<(Option<RayHead>, Option<EarlyStart>), StartupError> {
+pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, StartupError> {
     let settings = config.ray.clone();
+    let unhosted = |status: RayStatus| RayStart {
+        head: None,
+        early: None,
+        status,
+    };
     if settings.modules == RayModules::Off {
-        return Ok((None, None));
+        return Ok(unhosted(RayStatus::new(
+            "off",
+            "Ray's modules are off ([ray] modules = \"off\")",
+            None,
+        )));
     }
     let Some(gcs_address) = gcs_address(&session.dir) else {
+        let why = format!(
+            "{} is not the session of a running Ray head: no ray_current_cluster beside it",
+            session.dir.display()
+        );
         if settings.modules == RayModules::On {
-            return Err(StartupError::Ray(format!(
-                "{} is not the session of a running Ray head: no ray_current_cluster beside it",
-                session.dir.display()
-            )));
+            return Err(StartupError::Ray(why));
         }
         info!(session = %session.dir.display(), "no Ray head found; Ray's modules are not hosted");
-        return Ok((None, None));
+        return Ok(unhosted(RayStatus::new(
+            "no_head",
+            format!("Ray's modules are not hosted: {why}"),
+            None,
+        )));
     };
-    let not_hosted = |e: String| {
+    // One line, whatever failed: what was tried, what went wrong, the fix.
+    let not_hosted = |python: Option<&RayPython>, why: String| {
+        let line = match python {
+            Some(python) => format!(
+                "Ray head found (GCS {gcs_address}), but its modules cannot be hosted with \
+                 {} ({}): {why}{}",
+                python.program,
+                python.source,
+                fix_for(&why)
+            ),
+            None => format!(
+                "Ray head found (GCS {gcs_address}), but its modules cannot be hosted: {why}"
+            ),
+        };
         if settings.modules == RayModules::Auto {
-            warn!(python = %settings.python, error = %e, "Ray head found, but its modules cannot be hosted");
-            Ok((None, None))
+            warn!("{line}");
+            Ok(unhosted(RayStatus::new("not_hosted", line, python)))
         } else {
-            Err(StartupError::Ray(e))
+            Err(StartupError::Ray(line))
         }
     };
     // Read first: with TLS on, nothing of the head can be reached without
@@ -265,7 +331,7 @@ pub fn add_modules(
     // modules and the client proxy inherit the variables and read them too.
     let tls = match RayTls::from_env() {
         Ok(tls) => tls,
-        Err(e) => return not_hosted(e.to_string()),
+        Err(e) => return not_hosted(None, e.to_string()),
     };
     if let Some(tls) = &tls {
         info!(
@@ -274,14 +340,23 @@ pub fn add_modules(
             "Ray's TLS is on (RAY_USE_TLS): mutual TLS to the GCS"
         );
     }
+    let python = match &settings.python {
+        Some(named) => named.clone(),
+        None => match python::find(&session.dir) {
+            Ok(found) => found,
+            Err(tried) => return not_hosted(None, python::not_found(&tried)),
+        },
+    };
+    info!(python = %python.program, source = %python.source, "the Python for Ray's modules");
+    let not_hosted = |why: String| not_hosted(Some(&python), why);
     let launcher_dir = write_launcher(session)
         .map_err(|e| StartupError::Ray(format!("cannot write the launcher: {e}")))?;
-    let mut facts = Command::new(&settings.python);
+    let mut facts = Command::new(&python.program);
     facts.arg(launcher_dir.join("head_facts.py"));
     // `routes.py`'s options, for it or for the zygote's report.
     let mut routes_args: Vec<std::ffi::OsString> = vec![
         "--python".into(),
-        settings.python.clone().into(),
+        python.program.clone().into(),
         "--launcher".into(),
         launcher_dir.join("launcher.py").into(),
         // The host answers it from its cached check (see `gcs`).
@@ -301,7 +376,7 @@ pub fn add_modules(
     } else {
         format!(
             "<Ray's modules, from {} {}>",
-            settings.python,
+            python.program,
             routes.display()
         )
     };
@@ -317,12 +392,12 @@ pub fn add_modules(
         zygote_routes(
             config,
             session,
-            &settings.python,
+            &python.program,
             &launcher_dir,
             &routes_args,
         )?
     } else {
-        let mut command = Command::new(&settings.python);
+        let mut command = Command::new(&python.program);
         command.arg(&routes).args(&routes_args);
         run(command, ROUTES_TIMEOUT).map(|text| (text, None))
     };
@@ -358,19 +433,48 @@ pub fn add_modules(
             &config.host.to_string(),
             settings.client_port,
             &gcs_address,
-            &settings.python,
+            &python.program,
             parent.token.is_some(),
         );
         config.add_modules_toml("<the Ray Client proxy>", &proxy)?;
         info!(port = settings.client_port, "hosting the Ray Client proxy");
     }
+    let mut status = RayStatus::new(
+        "hosted",
+        format!(
+            "hosting Ray {}'s dashboard modules (GCS {gcs_address})",
+            parent.ray_version
+        ),
+        Some(&python),
+    );
+    status.ray_version = Some(parent.ray_version.clone());
     let head = RayHead {
         gcs_address,
         parent,
         gcs_gone_after: settings.gcs_gone_after,
         tls,
     };
-    Ok((Some(head), zygote))
+    Ok(RayStart {
+        head: Some(head),
+        early: zygote,
+        status,
+    })
+}
+
+/// The fix to append to a failure `why` of a Python that was named or
+/// found: how to name another when this one lacks Ray or does not run.
+fn fix_for(why: &str) -> String {
+    let lacks_ray = why.contains("No module named 'ray'") || why.contains("cannot start");
+    if lacks_ray || why.contains("cannot run") {
+        format!("; to fix: {}", python::NAME_IT)
+    } else if why.contains("ModuleNotFoundError") || why.contains("ImportError") {
+        format!(
+            "; to fix: install ray[default] into it (pip install 'ray[default]'), or {}",
+            python::NAME_IT
+        )
+    } else {
+        String::new()
+    }
 }
 
 /// Starts Ray's zygote (`zygote.py`, module [`ZYGOTE_MODULE`]) at once and
@@ -435,10 +539,18 @@ fn zygote_routes(
             Err(_) => {}
         }
         if let Some(status) = zygote.try_exit() {
+            // Its last line is the exception (a traceback ends with it);
+            // the rest stays in its log.
             let tail = zygote.stderr_tail(session, 5);
             return Ok(Err(format!(
-                "Ray's zygote ({}) exited ({status}) before reporting Ray's modules: {tail}",
-                command.join(" ")
+                "Ray's zygote ({}) exited ({status}) before reporting Ray's modules: {} \
+                 (the whole error is in {})",
+                command.join(" "),
+                last_line(&tail),
+                session
+                    .log_dir
+                    .file_path(&format!("dashboard_{ZYGOTE_MODULE}.err"))
+                    .display()
             )));
         }
         if Instant::now() >= deadline {
@@ -530,10 +642,29 @@ fn write_launcher(session: &Session) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
+/// The last line of `text` that says something: the exception of a Python
+/// traceback.
+fn last_line(text: &str) -> &str {
+    text.lines()
+        .map(str::trim)
+        .rfind(|line| !line.is_empty())
+        .unwrap_or("(no output)")
+}
+
 /// Runs `command` to completion within `timeout`; its stdout on success,
-/// its stderr's last lines in the error otherwise.
+/// its stderr's last line in the error otherwise.
 fn run(mut command: Command, timeout: Duration) -> Result<String, String> {
-    let describe = format!("{command:?}");
+    // The program, and each argument that is a path by its file name.
+    let describe = std::iter::once(command.get_program().to_string_lossy().into_owned())
+        .chain(command.get_args().map(|arg| {
+            let path = Path::new(arg);
+            match path.file_name() {
+                Some(name) if path.components().count() > 1 => name.to_string_lossy().into_owned(),
+                _ => arg.to_string_lossy().into_owned(),
+            }
+        }))
+        .collect::<Vec<_>>()
+        .join(" ");
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -570,9 +701,7 @@ fn run(mut command: Command, timeout: Duration) -> Result<String, String> {
     if status.success() {
         Ok(out)
     } else {
-        let lines: Vec<&str> = err.lines().collect();
-        let tail = lines[lines.len().saturating_sub(5)..].join("\n");
-        Err(format!("{describe} failed ({status}): {tail}"))
+        Err(format!("{describe} failed ({status}): {}", last_line(&err)))
     }
 }
 
@@ -593,6 +722,22 @@ mod tests {
             gcs_address(&tmp.path().join("session_latest")).as_deref(),
             Some("127.0.0.1:6390")
         );
+    }
+
+    #[test]
+    fn a_failure_is_one_line_with_the_fix_when_there_is_one() {
+        let traceback = "Traceback (most recent call last):\n  File \"x\", line 1\nModuleNotFoundError: No module named 'ray'\n\n";
+        assert_eq!(
+            last_line(traceback),
+            "ModuleNotFoundError: No module named 'ray'"
+        );
+        assert_eq!(last_line(""), "(no output)");
+        assert!(fix_for(last_line(traceback)).contains("--ray-python"));
+        assert!(fix_for("cannot run /no/python head_facts.py: not found").contains("--ray-python"));
+        assert!(fix_for("ModuleNotFoundError: No module named 'aiohttp'")
+            .contains("pip install 'ray[default]'"));
+        // Ray's own words say what differs; no fix to add.
+        assert_eq!(fix_for("ray 2.44.0 is older than 2.45.0"), "");
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub struct AppState {
     /// When Ray's modules are hosted: what Ray's dashboard parent would
     /// serve itself (its web UI at `/`, `/timezone`, …).
     pub ray: Option<Arc<RayParent>>,
+    /// Whether Ray's modules are hosted, and why not.
+    pub ray_status: Arc<ray::RayStatus>,
 }
 
 /// The UI, built into the binary from `static/`.
@@ -79,7 +81,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api/healthz", get(healthz))
         .route("/api/modules", get(list_modules))
         .route("/api/modules/{name}", get(show_module))
-        .route("/api/modules/{name}/restart", post(restart_module));
+        .route("/api/modules/{name}/restart", post(restart_module))
+        .route(STATUS_PATH, get(status));
     if let Some(ray) = &state.ray {
         if let Some(ui) = &ray.ui_dir {
             // Ray's own UI takes `/`; ours stays at `/dashd/`.
@@ -110,6 +113,17 @@ fn no_store() -> SetResponseHeaderLayer<HeaderValue> {
 
 async fn healthz() -> impl IntoResponse {
     ([(header::CACHE_CONTROL, "no-store")], "success")
+}
+
+/// The host's own status beyond its modules, for the UI's overview.
+pub const STATUS_PATH: &str = "/api/dashd/status";
+
+/// `{"ray": …}`: whether Ray's modules are hosted, and if not why.
+async fn status(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CACHE_CONTROL, "no-store")],
+        Json(serde_json::json!({ "ray": &*state.ray_status })),
+    )
 }
 
 async fn list_modules(State(state): State<AppState>) -> impl IntoResponse {

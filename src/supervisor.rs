@@ -141,6 +141,10 @@ impl ModuleHandle {
             failures_in_row: s.failures_in_row,
             failed_checks: s.failed_checks,
             last_error: s.last_error.clone(),
+            reason: s
+                .reason
+                .clone()
+                .filter(|_| matches!(s.state, ModuleState::Starting | ModuleState::Waiting)),
             started_at_ms: s.started_at.map(epoch_ms),
             uptime_ms: s
                 .ready_at
@@ -192,6 +196,9 @@ pub struct ModuleReport {
     pub failed_checks: u32,
     /// Why the module last failed.
     pub last_error: Option<String>,
+    /// While starting or waiting: why it is not ready yet, in its own words
+    /// (its latest non-200 `/api/healthz` answer).
+    pub reason: Option<String>,
     /// When the current process started (ms since the epoch).
     pub started_at_ms: Option<u64>,
     /// How long the current incarnation has been healthy.
@@ -200,7 +207,8 @@ pub struct ModuleReport {
     pub last_health_rtt_us: Option<u64>,
     /// When the last health check finished (ms since the epoch).
     pub last_health_at_ms: Option<u64>,
-    /// The last restart delay chosen, in milliseconds.
+    /// The last restart delay chosen, in milliseconds; while waiting, how
+    /// long the module itself waits between tries (its `Retry-After`).
     pub backoff_ms: Option<u64>,
     /// While backing off: when the next incarnation starts.
     pub next_start_at_ms: Option<u64>,

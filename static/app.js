@@ -96,6 +96,9 @@ function renderModule(m) {
   if (m.state === "backoff" && m.next_start_at_ms) {
     const wait = Math.max(0, m.next_start_at_ms - Date.now());
     badge.title = `next start in ${formatDuration(wait)}`;
+  } else if (m.state === "waiting") {
+    badge.title = "alive, waiting for something outside it; not restarted for it" +
+      (m.backoff_ms ? ` (it tries again every ${formatDuration(m.backoff_ms)})` : "");
   }
   cells.state.replaceChildren(badge);
   cells.pid.textContent = m.pid ?? "—";
@@ -103,8 +106,12 @@ function renderModule(m) {
   cells.restarts.textContent = m.restarts;
   cells.uptime.textContent = formatDuration(m.uptime_ms);
   cells.rtt.textContent = formatRtt(m.last_health_rtt_us);
-  cells.error.textContent = m.last_error ?? "";
-  cells.error.title = m.last_error ?? "";
+  // While it starts or waits, why it is not ready (in its own words) says
+  // more than how it last failed.
+  const why = m.reason ?? m.last_error ?? "";
+  cells.error.textContent = why;
+  cells.error.title = why;
+  cells.error.classList.toggle("not-ready", m.reason != null);
   const routeText = m.routes.map((r) => `${r.method} ${r.path} (${r.type})`).join("\n");
   cells.routes.textContent = m.routes.length === 1 ? "1 route" : `${m.routes.length} routes`;
   cells.routes.title = routeText;
@@ -152,9 +159,18 @@ function renderOverview(modules) {
 const CLIENTS_PATH = "/api/client_proxy/clients";
 
 async function refreshRayClients(modules) {
-  const served = modules.some((m) => m.routes.some((r) => r.method === "GET" && r.path === CLIENTS_PATH));
-  $("#ray-clients").hidden = !served;
-  if (!served) return;
+  const proxy = modules.find((m) => m.routes.some((r) => r.method === "GET" && r.path === CLIENTS_PATH));
+  $("#ray-clients").hidden = !proxy;
+  if (!proxy) return;
+  if (proxy.state !== "healthy") {
+    // Its routes answer 503 until it is ready; its state says why.
+    $("#ray-clients-status").textContent =
+      `The Ray Client proxy is ${proxy.state}` + (proxy.reason || proxy.last_error ? `: ${proxy.reason ?? proxy.last_error}` : ".");
+    $("#ray-clients-status").classList.add("bad");
+    $("#ray-clients tbody").replaceChildren();
+    $("#no-ray-clients").hidden = true;
+    return;
+  }
   let view;
   try {
     const response = await fetch(apiUrl(CLIENTS_PATH.slice("/api/".length)), { cache: "no-store" });
@@ -205,7 +221,31 @@ function renderRayLinks(modules) {
   $("#ray-links ul").replaceChildren(...links);
 }
 
+// Whether Ray's modules are hosted, and if not why: set at start-up, so
+// read until it answers once.
+let rayStatus = null;
+
+async function refreshRayStatus() {
+  if (rayStatus) return;
+  try {
+    const response = await fetch(apiUrl("dashd/status"), { cache: "no-store" });
+    if (!response.ok) return;
+    rayStatus = (await response.json()).ray;
+  } catch {
+    return;
+  }
+  const line = $("#ray-status");
+  const shown = rayStatus && rayStatus.state !== "off";
+  line.hidden = !shown;
+  if (!shown) return;
+  line.classList.toggle("bad", rayStatus.state === "not_hosted");
+  const python = rayStatus.python && rayStatus.state === "hosted"
+    ? ` · Python ${rayStatus.python} (${rayStatus.python_source})` : "";
+  line.textContent = rayStatus.message + python;
+}
+
 async function refreshOverview() {
+  refreshRayStatus();
   try {
     const response = await fetch(apiUrl("modules"), { cache: "no-store" });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);

@@ -195,7 +195,7 @@ fn config_allow_lists_are_checked_and_shown() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(shown.contains("allowed_hosts: ["), "{shown}");
+    assert!(shown.contains("allowed_hosts = ["), "{shown}");
     assert!(shown.contains("\"dash.example.com\""), "{shown}");
     assert!(shown.contains("\"https://dash.example.com\""), "{shown}");
     assert!(!shown.contains("Dash"), "{shown}");

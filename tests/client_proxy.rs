@@ -1085,10 +1085,17 @@ exec "$fake" "$@""#;
     );
 }
 
-/// The client port taken by another process: the module's state says so,
-/// and it takes the port once it is free.
+/// The client port taken by another process (a plain listener of this
+/// test standing in for Ray's own proxier): within seconds the module is
+/// `waiting`, its reason naming the holder (pid and command) and both ways
+/// out, said once in the host's log; it is not restarted past its
+/// start-up timeout, its own retries back off, and it takes the port once
+/// it is free.
 #[tokio::test]
 async fn a_taken_client_port_is_reported_plainly() {
+    /// Longer than the module's start-up timeout below: it would have been
+    /// restarted (at least once) within this.
+    const WATCH: Duration = Duration::from_secs(5);
     let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let taken = holder.local_addr().expect("addr").port().to_string();
     let proxy = bin_dir()
@@ -1114,34 +1121,72 @@ async fn a_taken_client_port_is_reported_plainly() {
                     &ports,
                 ],
             )
-            .supervision("startup_timeout_secs", "3"),
+            .supervision("startup_timeout_secs", "2"),
         )
         .start();
-    let reported = eventually(WAIT, || async {
+    let holder_pid = format!("pid {}", std::process::id());
+    let waiting = eventually(Duration::from_secs(5), || async {
         let module = d.module(MODULE).await;
-        let error = module["last_error"].as_str().unwrap_or("").to_owned();
-        error
-            .contains("is taken by another process")
-            .then_some(module)
+        (module["state"] == "waiting").then_some(module)
     })
     .await;
+    let Some(waiting) = waiting else {
+        panic!(
+            "the module is not waiting: {}\n{}",
+            d.module(MODULE).await,
+            d.log()
+        );
+    };
+    let reason = waiting["reason"].as_str().unwrap_or("").to_owned();
+    let test_binary = std::env::current_exe().expect("exe");
+    let test_binary = test_binary.file_name().expect("name").to_string_lossy();
+    for expected in [
+        format!("port 127.0.0.1:{taken} is taken by {holder_pid} ("),
+        test_binary.into_owned(),
+        "--ray-client-server-port".to_owned(),
+        "--ray-client-port".to_owned(),
+    ] {
+        assert!(reason.contains(&expected), "{expected} not in {reason:?}");
+    }
+    let pid = waiting["pid"].as_u64().expect("pid");
+    // Watched past the start-up timeout: the same process, no restart, and
+    // the module's own pause between tries growing.
+    let mut pauses = Vec::new();
+    let watch_until = std::time::Instant::now() + WATCH;
+    while std::time::Instant::now() < watch_until {
+        let module = d.module(MODULE).await;
+        assert_eq!(module["state"], "waiting", "{module}");
+        assert_eq!(module["pid"].as_u64(), Some(pid), "{module}");
+        assert_eq!(module["restarts"], 0, "{module}");
+        if let Some(pause) = module["backoff_ms"].as_u64() {
+            if pauses.last() != Some(&pause) {
+                pauses.push(pause);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(
-        reported.is_some(),
-        "state does not say the port is taken: {}",
-        d.module(MODULE).await
+        pauses.len() >= 2 && pauses.windows(2).all(|w| w[0] < w[1]),
+        "the module's retries did not back off: {pauses:?}"
     );
-    assert!(d.log().contains("is taken by another process") || reported.is_some());
+    let said = d
+        .log()
+        .lines()
+        .filter(|line| line.contains("module waiting") && line.contains(MODULE))
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    assert_eq!(said.len(), 1, "{said:#?}");
+    assert!(said[0].contains(&holder_pid), "{}", said[0]);
     drop(holder);
     let healthy = eventually(Duration::from_secs(60), || async {
         let module = d.module(MODULE).await;
-        (module["state"] == "healthy").then_some(())
+        (module["state"] == "healthy").then_some(module)
     })
     .await;
-    assert!(
-        healthy.is_some(),
-        "module did not take the freed port: {}",
-        d.module(MODULE).await
-    );
+    let Some(healthy) = healthy else {
+        panic!("module did not take the freed port\n{}", d.log());
+    };
+    assert_eq!(healthy["pid"].as_u64(), Some(pid), "{healthy}");
 }
 
 /// 500 clients at once, each with its own (fake) server; each call lands on

@@ -101,6 +101,9 @@ pub(crate) struct RayHead {
     /// Variables on top of [`ray_env`] for `ray start` and every Ray
     /// process of the test ([`RayHead::env`]).
     extra_env: Vec<(String, String)>,
+    /// The port of Ray's own client proxier (the head's; `None` for a node
+    /// that joined).
+    pub(crate) ray_client_port: Option<u16>,
 }
 
 impl RayHead {
@@ -152,12 +155,14 @@ impl RayHead {
         };
         let mut command = Command::new(bin.join("ray"));
         command.args(["start", "--block"]);
+        let client_flag = port("ray-client-server-port");
+        let ray_client_port = join.is_none().then(|| next.get());
         match join {
             None => command
                 .args(["--head", "--include-dashboard=false"])
                 .args(["--disable-usage-stats", "--num-cpus=2"])
                 .arg(format!("--port={gcs_port}"))
-                .arg(port("ray-client-server-port")),
+                .arg(client_flag),
             Some(gcs) => command.arg(format!("--address={gcs}")).arg("--num-cpus=1"),
         };
         command
@@ -205,6 +210,7 @@ impl RayHead {
             gcs: join.map_or_else(|| format!("127.0.0.1:{gcs_port}"), str::to_owned),
             bin,
             extra_env,
+            ray_client_port,
         };
         started_rx
             .recv_timeout(RAY_WAIT)
@@ -873,6 +879,69 @@ async fn module(d: &Dashd, name: &str) -> Value {
         .json()
         .await
         .expect("module json")
+}
+
+/// On a real head with Ray's own client proxier (as `ray start --head
+/// --include-dashboard=false` leaves it), ray-dashd with no Python named
+/// finds the head's (the venv's, from the dashboard agent's command; not
+/// the venv's base interpreter that `/proc/<pid>/exe` names) and says so
+/// in one INFO line; and its client proxy, given Ray's proxier's port,
+/// waits, naming Ray's proxier (pid and `--mode=proxy`) and the ways out,
+/// without being restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heads_python_is_found_and_rays_proxier_named() {
+    let python = ray_python();
+    let head = RayHead::start(&python);
+    let ray_port = head.ray_client_port.expect("a head has a client port");
+    let d = dashd()
+        .session_dir(&head.session())
+        .toml(&format!(
+            "[ray]\nmodules = \"on\"\ngcs_gone_secs = {GCS_GONE_SECS}\n"
+        ))
+        .arg("--ray-client-port")
+        .arg(&ray_port.to_string())
+        .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        .env("RAY_USAGE_STATS_ENABLED", "0")
+        .env("RAY_AUTH_MODE", "token")
+        .env("RAY_AUTH_TOKEN", &token())
+        .start();
+    let log = d.log();
+    let line = log
+        .lines()
+        .find(|line| line.contains("the Python for Ray's modules"))
+        .unwrap_or_else(|| panic!("no line names the Python:\n{log}"));
+    let venv_bin = python.parent().expect("venv bin").display().to_string();
+    assert!(
+        line.contains(" INFO ")
+            && line.contains(&format!("python={venv_bin}/python"))
+            && line.contains("source=the dashboard agent's Python, from the raylet (pid "),
+        "{line}"
+    );
+    let waiting = eventually(RAY_WAIT, || async {
+        let m = module(&d, "ray_client_proxy").await;
+        (m["state"] == "waiting").then_some(m)
+    })
+    .await;
+    let Some(waiting) = waiting else {
+        panic!("the client proxy is not waiting; log:\n{}", d.log());
+    };
+    let reason = waiting["reason"].as_str().unwrap_or_default();
+    for expected in [
+        format!(":{ray_port} is taken by pid "),
+        "-m ray.util.client.server".to_owned(),
+        "--mode=proxy".to_owned(),
+        "ray start --ray-client-server-port=<another port>".to_owned(),
+        "--ray-client-port".to_owned(),
+    ] {
+        assert!(reason.contains(&expected), "{expected} not in {reason}");
+    }
+    assert_eq!(waiting["restarts"], 0, "{waiting}");
+    let said = d
+        .log()
+        .lines()
+        .filter(|line| line.contains("module waiting"))
+        .count();
+    assert_eq!(said, 1, "{}", d.log());
 }
 
 /// Waits until module `name` is healthy with at least `incarnation`.

@@ -162,3 +162,210 @@ async fn an_unhosted_ray_leaves_no_zygote_behind() {
         d.log()
     );
 }
+
+/// A fake Python for the discovery tests: it answers ray-dashd's question
+/// whether it has Ray (`-c …find_spec('ray')…`) as `has_ray` says, prints
+/// the head facts, and is a zygote that reports no modules and stays.
+fn discoverable_python(dir: &Path, name: &str, has_ray: bool) -> PathBuf {
+    let path = dir.join(name);
+    let answer = if has_ray { 0 } else { 3 };
+    let script = format!(
+        "#!/bin/sh\ncase \"$1\" in\n  -c) exit {answer} ;;\n  */head_facts.py) echo '{FACTS}' ;;\n  */zygote.py) while [ $# -gt 0 ]; do if [ \"$1\" = --report ]; then : > \"$2\"; fi; shift; done; exec sleep 600 ;;\n  *) echo \"unexpected: $*\" >&2; exit 2 ;;\nesac\n"
+    );
+    std::fs::write(&path, script).expect("write fake python");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+/// A stand-in for the head's raylet: a process of this user whose command
+/// line names the session folder and the dashboard agent's command, as
+/// Ray's raylet's does (`sh -c 'sleep …; :'` keeps `sh`, and so the
+/// arguments, in place of `sleep`).
+fn fake_raylet(session: &Path, agent_python: &Path) -> Raylet {
+    let real = std::fs::canonicalize(session).expect("session");
+    let child = Command::new("sh")
+        .args(["-c", "sleep 600; :", "raylet"])
+        .arg(format!("--session_dir={}", real.display()))
+        .arg(format!(
+            "--dashboard_agent_command={} -u /opt/ray/dashboard/agent.py --session-dir={}",
+            agent_python.display(),
+            real.display()
+        ))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn the fake raylet");
+    Raylet(child)
+}
+
+/// The stand-in raylet, killed (by pid) and reaped when dropped.
+struct Raylet(std::process::Child);
+
+impl Raylet {
+    fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Raylet {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `PATH` with `dir` first.
+fn path_with(dir: &Path) -> String {
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// The INFO line that says which Python runs Ray's modules, and why.
+fn python_line(log: &str) -> Option<String> {
+    log.lines()
+        .find(|line| line.contains("the Python for Ray's modules"))
+        .map(str::to_owned)
+}
+
+/// `GET /api/dashd/status`'s `ray`.
+async fn ray_status(d: &crate::support::Dashd) -> Value {
+    let status: Value = client()
+        .get(d.url("/api/dashd/status"))
+        .send()
+        .await
+        .expect("status")
+        .json()
+        .await
+        .expect("json");
+    status["ray"].clone()
+}
+
+/// With no Python named, the head's own (the dashboard agent's, from the
+/// raylet's command line) is used before `python3` on PATH, and one INFO
+/// line says which and why; a named one (`--ray-python`, then
+/// `RAY_DASHD_RAY_PYTHON`, then `[ray] python`) is used as named.
+#[tokio::test]
+async fn the_python_is_the_named_one_else_the_heads_else_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let session = fake_head(dir.path());
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin");
+    // Both have Ray; the head's must win.
+    let on_path = discoverable_python(&bin, "python3", true);
+    let agents = discoverable_python(dir.path(), "agent-python", true);
+    let raylet = fake_raylet(&session, &agents);
+    let ray = "[ray]\nclient_port = 0\n";
+
+    let d = dashd()
+        .session_dir(&session)
+        .env("PATH", &path_with(&bin))
+        .toml(ray)
+        .start();
+    let line = python_line(&d.log()).unwrap_or_else(|| panic!("no python line:\n{}", d.log()));
+    assert!(
+        line.contains(" INFO ")
+            && line.contains(&format!("python={}", agents.display()))
+            && line.contains(&format!(
+                "source=the dashboard agent's Python, from the raylet (pid {}) of this session",
+                raylet.id()
+            )),
+        "{line}"
+    );
+    let status = ray_status(&d).await;
+    assert_eq!(status["state"], "hosted", "{status}");
+    assert_eq!(status["python"], agents.display().to_string(), "{status}");
+    drop(d);
+
+    // Named: the flag over the variable over the file.
+    let named = |name: &str| discoverable_python(dir.path(), name, true);
+    let (flag, var, file) = (named("flag-py"), named("var-py"), named("file-py"));
+    let file_ray = format!(
+        "{ray}python = {}\n",
+        serde_json::to_string(&file.display().to_string()).expect("json")
+    );
+    for (flag, var, chosen, source) in [
+        (Some(&flag), Some(&var), &flag, "--ray-python".to_owned()),
+        (None, Some(&var), &var, "RAY_DASHD_RAY_PYTHON".to_owned()),
+        (None, None, &file, "[ray] python in ".to_owned()),
+    ] {
+        let mut builder = dashd()
+            .session_dir(&session)
+            .env("PATH", &path_with(&bin))
+            .toml(&file_ray);
+        if let Some(var) = var {
+            builder = builder.env("RAY_DASHD_RAY_PYTHON", &var.display().to_string());
+        }
+        if let Some(flag) = flag {
+            builder = builder.arg("--ray-python").arg(&flag.display().to_string());
+        }
+        let d = builder.start();
+        let line = python_line(&d.log()).unwrap_or_else(|| panic!("no python line:\n{}", d.log()));
+        assert!(
+            line.contains(&format!("python={} source={source}", chosen.display())),
+            "{line}"
+        );
+    }
+
+    // The head's Python without Ray is passed over for python3 on PATH.
+    drop(raylet);
+    let lacking = discoverable_python(dir.path(), "agent-python-no-ray", false);
+    let _raylet = fake_raylet(&session, &lacking);
+    let d = dashd()
+        .session_dir(&session)
+        .env("PATH", &path_with(&bin))
+        .toml(ray)
+        .start();
+    let line = python_line(&d.log()).unwrap_or_else(|| panic!("no python line:\n{}", d.log()));
+    assert!(
+        line.contains(&format!("python={} source=python3 on PATH", "python3")),
+        "{line}\n{}",
+        on_path.display()
+    );
+}
+
+/// No Python with Ray anywhere: one WARN line says what was tried and how
+/// to fix it (no traceback), and the UI's status says the same.
+#[tokio::test]
+async fn no_python_with_ray_is_one_line_with_the_fix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let session = fake_head(dir.path());
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin");
+    discoverable_python(&bin, "python3", false);
+    let agents = discoverable_python(dir.path(), "agent-python", false);
+    let _raylet = fake_raylet(&session, &agents);
+    let d = dashd()
+        .session_dir(&session)
+        .env("PATH", &path_with(&bin))
+        .toml("[ray]\nclient_port = 0\n")
+        .start();
+    let said: Vec<String> = d
+        .log()
+        .lines()
+        .filter(|line| line.contains("cannot be hosted"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(said.len(), 1, "{}", d.log());
+    let line = &said[0];
+    for expected in [
+        " WARN ",
+        "no Python with Ray found: tried ",
+        &format!("{} (the dashboard agent's Python", agents.display()),
+        "python3 (python3 on PATH: no ray)",
+        "--ray-python",
+        "RAY_DASHD_RAY_PYTHON",
+        "[ray] python",
+    ] {
+        assert!(line.contains(expected), "{expected} not in {line}");
+    }
+    let status = ray_status(&d).await;
+    assert_eq!(status["state"], "not_hosted", "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no Python with Ray found")),
+        "{status}"
+    );
+}

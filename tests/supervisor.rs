@@ -1,6 +1,8 @@
 //! Supervision: crashes, hangs, failing health checks, crash loops, missing
 //! commands and slow starts; none of them stops the host serving the rest.
 
+use std::time::Duration;
+
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -313,6 +315,47 @@ async fn never_ready_module_times_out_and_retries() {
             .expect("last_error")
             .contains("not ready within"),
         "{report}"
+    );
+}
+
+/// A module that answers 503 with its reason (in 20 ms, as a Python
+/// module might) until its start-up deadline: its failure carries the
+/// reason, as the last probe gets a real timeout (not what is left of the
+/// budget: nothing, at the deadline), and its state shows the reason
+/// while it starts.
+#[tokio::test]
+async fn a_module_not_ready_at_its_deadline_fails_with_its_own_reason() {
+    let d = dashd()
+        .module(
+            test_module("slow")
+                .env("TEST_MODULE_NOT_READY_REASON", "reason X, the fixture's")
+                .env("TEST_MODULE_NOT_READY_DELAY_MS", "20")
+                .supervision("startup_timeout_secs", "1"),
+        )
+        .start();
+    let report = eventually(WAIT, || async {
+        let r = d.module("slow").await;
+        (r["restarts"].as_u64() >= Some(1)).then_some(r)
+    })
+    .await
+    .expect("retried");
+    let error = report["last_error"].as_str().expect("last_error");
+    assert!(
+        error.starts_with("not ready within 1s: healthz answered 503")
+            && error.contains("not ready: reason X, the fixture's"),
+        "{report}"
+    );
+    // The next incarnation, starting, already says why it is not ready.
+    let starting = eventually(Duration::from_secs(1), || async {
+        let r = d.module("slow").await;
+        let reason = r["reason"].as_str().unwrap_or("").to_owned();
+        (r["state"] == "starting" && reason.contains("reason X")).then_some(())
+    })
+    .await;
+    assert!(
+        starting.is_some(),
+        "the reason was not shown while starting: {}",
+        d.module("slow").await
     );
 }
 

@@ -160,6 +160,7 @@ pub struct DashdBuilder {
     extra: String,
     session: Option<PathBuf>,
     env: Vec<(String, String)>,
+    args: Vec<String>,
     stall_stderr: bool,
     binary: Option<PathBuf>,
     default_config: bool,
@@ -223,6 +224,12 @@ impl DashdBuilder {
         self
     }
 
+    /// Adds a command-line argument of ray-dashd.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
     /// Stops reading ray-dashd's stderr once it listens, as a stalled
     /// reader would, until [`Dashd::resume_stderr`]: the pipe fills.
     pub fn stall_stderr(mut self) -> Self {
@@ -272,7 +279,8 @@ impl DashdBuilder {
             .arg("--session-dir")
             .arg(&session)
             .arg("--port")
-            .arg("0");
+            .arg("0")
+            .args(&self.args);
         if !self.default_config {
             command.arg("--config").arg(&config);
         }

@@ -8,6 +8,7 @@ mod support;
 
 mod cli;
 mod client_proxy;
+mod config;
 mod descendants;
 mod descriptors;
 mod fork_shim;

@@ -18,6 +18,11 @@ const EVENT_HISTORY: usize = 32;
 pub enum ModuleState {
     /// A new incarnation is spawned and not yet answering `/api/healthz`.
     Starting,
+    /// Alive, but not ready for a reason outside it (its `/api/healthz`
+    /// answers 503 with `Retry-After`, such as a port another process
+    /// holds): kept running, never restarted for it, checked every
+    /// `health_interval`.
+    Waiting,
     /// Ready and passing its health checks; requests are forwarded.
     Healthy,
     /// Failed (exited, hung or unhealthy) and being stopped.
@@ -35,6 +40,7 @@ impl ModuleState {
     pub fn as_str(self) -> &'static str {
         match self {
             ModuleState::Starting => "starting",
+            ModuleState::Waiting => "waiting",
             ModuleState::Healthy => "healthy",
             ModuleState::Unhealthy => "unhealthy",
             ModuleState::Backoff => "backoff",
@@ -62,7 +68,8 @@ pub struct Event {
     pub at_ms: u64,
     /// The incarnation it concerns.
     pub incarnation: u32,
-    /// What happened: `spawned`, `ready`, `failed`, `restart`, `stopped`.
+    /// What happened: `spawned`, `waiting`, `ready`, `failed`, `restart`,
+    /// `stopped`.
     pub kind: &'static str,
     /// Details, such as the failure's reason.
     pub detail: String,
@@ -82,11 +89,15 @@ pub(crate) struct Status {
     /// Failed health checks in a row of the current incarnation.
     pub(crate) failed_checks: u32,
     pub(crate) last_error: Option<String>,
+    /// Why the incarnation is not ready yet, in its own words (its latest
+    /// non-200 `/api/healthz` answer while starting or waiting).
+    pub(crate) reason: Option<String>,
     pub(crate) started_at: Option<SystemTime>,
     pub(crate) ready_at: Option<SystemTime>,
     pub(crate) last_health_rtt: Option<Duration>,
     pub(crate) last_health_at: Option<SystemTime>,
-    /// While in backoff: when the next incarnation starts, and the delay chosen.
+    /// While in backoff: when the next incarnation starts, and the delay
+    /// chosen; while waiting, the delay is the module's own (its `Retry-After`).
     pub(crate) next_start_at: Option<SystemTime>,
     pub(crate) backoff: Option<Duration>,
     pub(crate) gate: Option<Gate>,
@@ -103,6 +114,7 @@ impl Default for Status {
             failures_in_row: 0,
             failed_checks: 0,
             last_error: None,
+            reason: None,
             started_at: None,
             ready_at: None,
             last_health_rtt: None,

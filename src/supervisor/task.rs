@@ -127,6 +127,7 @@ impl ModuleTask {
             s.gate = None;
             s.ready_at = None;
             s.next_start_at = None;
+            s.reason = None;
         });
         let (spawned, started_at) = match self.early.take() {
             Some((spawned, started_at)) => (Ok(spawned), started_at),
@@ -180,7 +181,7 @@ impl ModuleTask {
                     break 'life End::Failed(format!("exited during startup ({})", describe(&status)));
                 }
                 Some(Control::Restart) = self.controls.recv() => break 'life End::Restart,
-                ready = wait_ready(&client, sup) => ready,
+                ready = wait_ready(&client, sup, &shared, incarnation, pid) => ready,
             };
             let rtt = match ready {
                 Ok(rtt) => rtt,
@@ -190,6 +191,7 @@ impl ModuleTask {
             ready_at = Some(Instant::now());
             shared.update(|s| {
                 s.state = ModuleState::Healthy;
+                s.reason = None;
                 s.ready_at = Some(SystemTime::now());
                 s.last_health_rtt = Some(rtt);
                 s.last_health_at = Some(SystemTime::now());
@@ -237,7 +239,8 @@ impl ModuleTask {
                             s.last_health_at = Some(SystemTime::now());
                         });
                     }
-                    Err(reason) => {
+                    Err(failure) => {
+                        let reason = failure.reason;
                         failed_checks += 1;
                         warn!(incarnation, pid, failed_checks, reason = %reason, "module health check failed");
                         shared.update(|s| {
@@ -298,18 +301,80 @@ impl ModuleTask {
     }
 }
 
-/// Probes `/api/healthz` until it answers 200 or the startup budget is spent.
-async fn wait_ready(client: &ModulePool, sup: &Supervision) -> Result<Duration, String> {
-    let deadline = Instant::now() + sup.startup_timeout;
+/// Probes `/api/healthz` until it answers 200, within `startup_timeout`.
+///
+/// A module that answers 503 with `Retry-After` is alive and waiting for
+/// something outside itself (a port another process holds): restarting it
+/// would change nothing. It is shown as `waiting` with its words (logged
+/// once for each thing it says), checked every `health_interval`, and its
+/// start-up clock starts over at each such answer, so it is never restarted
+/// for it. Any other answer, and no answer, count against the clock; the
+/// error at the end says what the last probe found and what the module
+/// last said, if it said anything.
+async fn wait_ready(
+    client: &ModulePool,
+    sup: &Supervision,
+    shared: &ModuleShared,
+    incarnation: u32,
+    pid: u32,
+) -> Result<Duration, String> {
+    let mut deadline = Instant::now() + sup.startup_timeout;
     let mut pause = FIRST_STARTUP_POLL;
+    // The module's latest non-200 answer, and what a waiting module said last.
+    let mut said: Option<String> = None;
+    let mut waiting_for: Option<String> = None;
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let last = match check_health(client, sup.health_timeout.min(left)).await {
+        // Every probe gets the whole health timeout, the last one too: one
+        // cut to what is left of the budget (nothing, at the deadline) would
+        // fail without hearing the module's answer.
+        let failure = match check_health(client, sup.health_timeout).await {
             Ok(rtt) => return Ok(rtt),
-            Err(e) => e,
+            Err(failure) => failure,
         };
+        if let Some(retry_after) = failure.waiting {
+            // Its words are the whole story: the status adds nothing.
+            let reason = failure.words.unwrap_or(failure.reason);
+            let new = waiting_for.as_deref() != Some(reason.as_str());
+            if new {
+                warn!(
+                    incarnation,
+                    pid,
+                    retry_after_s = retry_after.as_secs(),
+                    "module waiting: {reason}"
+                );
+            }
+            shared.update(|s| {
+                s.state = ModuleState::Waiting;
+                s.reason = Some(reason.clone());
+                s.backoff = Some(retry_after);
+                if new {
+                    s.record("waiting", reason.clone());
+                }
+            });
+            said = Some(reason.clone());
+            waiting_for = Some(reason);
+            deadline = Instant::now() + sup.startup_timeout;
+            sleep(sup.health_interval).await;
+            continue;
+        }
+        if failure.answered {
+            said = Some(failure.reason.clone());
+        }
+        shared.update(|s| {
+            // It no longer says it waits: it is starting again.
+            if s.state == ModuleState::Waiting {
+                s.state = ModuleState::Starting;
+            }
+            if failure.answered {
+                s.reason = Some(failure.reason.clone());
+            }
+        });
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
+            let last = match said {
+                Some(said) if !failure.answered => format!("{failure}; it last said: {said}"),
+                _ => failure.reason,
+            };
             return Err(format!(
                 "not ready within {:?}: {last}",
                 sup.startup_timeout

@@ -1,6 +1,7 @@
 // The UI in a real headless Chromium: the overview shows the modules and
 // follows a restart without a reload, the restart action asks first, the log
-// viewer tails a file live, and the page logs no console errors.
+// viewer tails a file live, a module waiting for a port another process
+// holds says so, and the page logs no console errors.
 //
 // Needs: RAY_DASHD_BIN_DIR (the built ray-dashd, ray-dashd-logs and
 // ray-dashd-test-module; default target/debug) and Chromium at
@@ -10,6 +11,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import fs from "node:fs";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import readline from "node:readline";
@@ -25,10 +27,10 @@ const WAIT_MS = 15000;
 // Above the kernel's ephemeral range (32768–60999).
 const serverPorts = (() => { const first = 64700 + (process.pid % 6) * 50; return `${first}-${first + 49}`; })();
 
-let tmp, session, dashd, base, browser, page;
+let tmp, session, dashd, base, browser, page, holder;
 const consoleErrors = [];
 
-function config() {
+function config(takenPort) {
   const routes = (list) => list.map(([m, p, t]) => `  { method = "${m}", path = "${p}", type = "${t}" },`).join("\n");
   return `
 [[modules]]
@@ -57,12 +59,19 @@ command = ["${path.join(binDir, "ray-dashd-client-proxy")}", "--ray-client-port"
 routes = [
 ${routes([["GET", "/api/client_proxy/clients", "http"]])}
 ]
+
+# A second proxy whose port this test holds, as Ray's own proxier would.
+[[modules]]
+name = "taken_proxy"
+command = ["${path.join(binDir, "ray-dashd-client-proxy")}", "--ray-client-port", "${takenPort}", "--warm-spare", "false",
+  "--server-command", "${path.join(binDir, "ray-dashd-fake-client-server")}", "--port-range", "${serverPorts}"]
+routes = []
 `;
 }
 
-async function startDashd() {
+async function startDashd(takenPort) {
   const file = path.join(tmp, "dashd.toml");
-  fs.writeFileSync(file, config());
+  fs.writeFileSync(file, config(takenPort));
   const child = spawn(path.join(binDir, "ray-dashd"),
     ["--session-dir", session, "--port", "0", "--config", file],
     { stdio: ["ignore", "ignore", "pipe"] });
@@ -87,7 +96,9 @@ before(async () => {
   tmp = fs.mkdtempSync(path.join(os.tmpdir(), "rdui"));
   session = path.join(tmp, "s");
   fs.mkdirSync(shots, { recursive: true });
-  const started = await startDashd();
+  holder = net.createServer();
+  await new Promise((resolve) => holder.listen(0, "127.0.0.1", resolve));
+  const started = await startDashd(holder.address().port);
   dashd = started.child;
   base = `http://${started.addr}`;
   browser = await chromium.launch({
@@ -108,6 +119,7 @@ after(async () => {
     await Promise.race([exited, new Promise((r) => setTimeout(r, WAIT_MS))]);
     if (dashd.exitCode === null) dashd.kill("SIGKILL");
   }
+  holder?.close();
   fs.rmSync(tmp, { recursive: true, force: true });
 });
 
@@ -201,6 +213,19 @@ test("the Ray clients panel shows the proxy and a connected client", async () =>
     if (client.exitCode === null) client.kill("SIGKILL");
   }
   await page.locator("#no-ray-clients").waitFor({ state: "visible", timeout: WAIT_MS });
+});
+
+test("a module waiting for a taken port says who holds it, as does the Ray line", async () => {
+  await page.goto(`${base}/`);
+  await page.locator('tr[data-module="taken_proxy"] .state-waiting').waitFor({ timeout: WAIT_MS });
+  const why = await cell("taken_proxy", 8);
+  assert.match(why, new RegExp(`is taken by pid ${process.pid} \\(`));
+  assert.match(why, /--ray-client-server-port/);
+  // No Ray head in this session: the overview says Ray's modules are not hosted.
+  const ray = page.locator("#ray-status");
+  await ray.waitFor({ state: "visible", timeout: WAIT_MS });
+  assert.match(await ray.innerText(), /not hosted/);
+  await page.screenshot({ path: path.join(shots, "overview-waiting.png") });
 });
 
 test("the page logged no console errors", () => {

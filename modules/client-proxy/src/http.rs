@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -19,7 +19,15 @@ pub enum Listening {
     Starting,
     /// Bound at this address.
     On(std::net::SocketAddr),
-    /// Bind failed; the words say why.
+    /// Bind failed and is tried again after `retry_after`; the words say
+    /// why and the ways out.
+    Waiting {
+        /// Why the port is not bound, in one line.
+        why: String,
+        /// The pause before the next attempt.
+        retry_after: std::time::Duration,
+    },
+    /// Serving stopped for good; the words say why.
     Failed(String),
 }
 
@@ -41,7 +49,10 @@ pub fn router(state: HttpState) -> Router {
 }
 
 /// 200 once the client port is bound; 503 naming the problem otherwise, so
-/// that the host shows it in the module's state.
+/// that the host shows it in the module's state. While the port is held by
+/// another process, the 503 carries `Retry-After` (the pause before the
+/// next try): the module is waiting for something a restart cannot change,
+/// so the host keeps it (`waiting`) instead of restarting it.
 async fn healthz(State(state): State<HttpState>) -> Response {
     let listening = state
         .listening
@@ -53,6 +64,15 @@ async fn healthz(State(state): State<HttpState>) -> Response {
         Listening::Starting => (
             StatusCode::SERVICE_UNAVAILABLE,
             "the Ray client port is not bound yet",
+        )
+            .into_response(),
+        Listening::Waiting { why, retry_after } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(
+                header::RETRY_AFTER,
+                retry_after.as_secs().max(1).to_string(),
+            )],
+            why,
         )
             .into_response(),
         Listening::Failed(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
@@ -68,7 +88,7 @@ async fn clients(State(state): State<HttpState>) -> Json<serde_json::Value> {
     let (listen, error) = match listening {
         Listening::On(addr) => (Some(addr.to_string()), None),
         Listening::Starting => (None, None),
-        Listening::Failed(why) => (None, Some(why)),
+        Listening::Waiting { why, .. } | Listening::Failed(why) => (None, Some(why)),
     };
     let proxy = &state.proxy;
     Json(json!({

@@ -42,7 +42,7 @@ use anyhow::Context as _;
 use ray_dashd_sdk::ModuleEnv;
 use ray_dashd_tls::RayTls;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::args::Args;
 use crate::gcs::Gcs;
@@ -51,8 +51,14 @@ use crate::proxy::{Proxy, Settings};
 use crate::runtime_env::RuntimeEnvs;
 use crate::servers::{Launcher, PidFile, PortPool, ServerCommand};
 
-/// Pause between attempts to bind a client port that is taken.
-const BIND_RETRY: Duration = Duration::from_secs(2);
+/// First pause before another attempt to bind a client port that is taken
+/// (or otherwise refused); it doubles up to [`BIND_RETRY_MAX`]. A bind is
+/// one system call, but a port held by Ray's own proxier stays held for the
+/// life of the head: there is no point in asking every second for hours.
+const BIND_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// Longest pause between two attempts to bind the client port: once the
+/// port is free, the proxy listens within this.
+const BIND_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The entry point of both `ray-dashd client-proxy` and
 /// `ray-dashd-client-proxy`: runs [`run`] on a runtime of one thread, until
@@ -171,13 +177,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         token,
     );
     let proxy = Proxy::new(settings, launcher, gcs, envs);
-    proxy.refill_spare();
 
     let listening = Arc::new(Mutex::new(Listening::Starting));
     let stop = CancellationToken::new();
     let grpc_task = tokio::spawn(serve_grpc(
         proxy.clone(),
         format!("{}:{}", args.host, args.port),
+        args.port,
         tls,
         listening.clone(),
         stop.clone(),
@@ -197,36 +203,48 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Binds the client port (trying again while another process holds it) and
-/// serves Ray's client services there until `stop`.
+/// Binds the client port (trying again, with backoff, while another
+/// process holds it) and serves Ray's client services there until `stop`.
+/// The spare server is started once the port is bound: a proxy that
+/// cannot listen has no client to give it to.
 async fn serve_grpc(
     proxy: Arc<Proxy>,
     address: String,
+    port: u16,
     tls: Option<RayTls>,
     listening: Arc<Mutex<Listening>>,
     stop: CancellationToken,
 ) {
     let set =
         |state: Listening| *listening.lock().expect("UNWRAP: listening lock poisoned") = state;
+    let mut retry = BIND_RETRY_FIRST;
+    let mut told: Option<String> = None;
     let listener = loop {
         match tokio::net::TcpListener::bind(&address).await {
             Ok(listener) => break listener,
             Err(e) => {
                 let why = if e.kind() == std::io::ErrorKind::AddrInUse {
-                    format!(
-                        "the Ray client port {address} is taken by another process (Ray's own client proxier, \
-                         started by `ray start`, holds 10001 unless given --ray-client-server-port); retrying every {}s",
-                        BIND_RETRY.as_secs()
-                    )
+                    port_taken(&address, port)
                 } else {
                     format!("cannot listen on {address}: {e}")
                 };
-                error!(%address, error = %e, "{why}");
-                set(Listening::Failed(why));
+                // Said once (in the host's log too, through the health
+                // check); each retry after that only at debug level.
+                if told.as_deref() != Some(why.as_str()) {
+                    warn!(%address, "{why}");
+                    told = Some(why.clone());
+                } else {
+                    debug!(%address, retry_s = retry.as_secs(), error = %e, "the Ray client port is still not free");
+                }
+                set(Listening::Waiting {
+                    why,
+                    retry_after: retry,
+                });
                 tokio::select! {
-                    _ = tokio::time::sleep(BIND_RETRY) => continue,
+                    _ = tokio::time::sleep(retry) => {}
                     _ = stop.cancelled() => return,
                 }
+                retry = (retry * 2).min(BIND_RETRY_MAX);
             }
         }
     };
@@ -241,6 +259,7 @@ async fn serve_grpc(
     };
     info!(address = %local, "Ray client proxy listening");
     set(Listening::On(local));
+    proxy.refill_spare();
     let incoming = incoming::incoming(listener, tls);
     let served = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -257,6 +276,29 @@ async fn serve_grpc(
         error!(error = %e, "the Ray client port stopped serving");
         set(Listening::Failed(format!("serving {local} failed: {e}")));
     }
+}
+
+/// Why the client port `address` cannot be bound, in one line: who holds it
+/// (pid and command line, most often Ray's own proxier, `python -m
+/// ray.util.client.server … --mode=proxy`) and the two ways out.
+fn port_taken(address: &str, port: u16) -> String {
+    let by = match listeners::holders(port) {
+        Ok(holders) if !holders.is_empty() => {
+            let more = match holders.len() - 1 {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
+            format!("pid {} ({}){more}", holders[0].pid, holders[0].command)
+        }
+        Ok(_) => "a process of another user".to_owned(),
+        Err(e) => format!("another process (cannot tell which: {e})"),
+    };
+    format!(
+        "the Ray client port {address} is taken by {by}; either start Ray with \
+         `ray start --ray-client-server-port=<another port>` so that Ray's own proxier \
+         listens there, or give ray-dashd's proxy another port with --ray-client-port \
+         (or [ray] client_port); trying again with backoff"
+    )
 }
 
 /// The GCS address of the head whose session folder is `session`: the

@@ -8,6 +8,9 @@
 //! starting on it, the client's calls would be split between its server
 //! and a stranger. So once a server is up, the listening sockets on its
 //! port are counted: the server's own process group's and the rest.
+//!
+//! The same look tells who holds the client port when the proxy cannot
+//! bind it ([`holders`]): most often Ray's own proxier.
 
 use std::collections::HashSet;
 use std::fs;
@@ -175,10 +178,82 @@ pub fn census(port: u16, group: u32) -> io::Result<Census> {
     })
 }
 
+/// A process listening on a port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Its pid.
+    pub pid: u32,
+    /// Its command line, arguments joined by spaces, cut to
+    /// [`COMMAND_SHOWN`] characters.
+    pub command: String,
+}
+
+/// Characters of a holder's command line shown: enough for Ray's proxier's
+/// `python -m ray.util.client.server … --mode=proxy`, not a whole raylet's.
+const COMMAND_SHOWN: usize = 200;
+
+/// The processes with a socket listening on TCP `port` (any address), by
+/// pid. Only processes whose open files this user may read are found:
+/// another user's listener is counted by [`census`] but named by no one.
+pub fn holders(port: u16) -> io::Result<Vec<Holder>> {
+    let listening = listening_inodes(port)?;
+    if listening.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pids: Vec<u32> = fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    Ok(pids
+        .into_iter()
+        .filter(|&pid| !socket_inodes(pid).is_disjoint(&listening))
+        .map(|pid| Holder {
+            pid,
+            command: command_line(pid),
+        })
+        .collect())
+}
+
+/// The command line of `pid`, arguments joined by spaces and cut to
+/// [`COMMAND_SHOWN`] characters; its name in `stat` when it has none.
+fn command_line(pid: u32) -> String {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let line = raw
+        .split(|&b| b == 0)
+        .filter(|arg| !arg.is_empty())
+        .map(String::from_utf8_lossy)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if line.is_empty() {
+        return fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|comm| format!("[{}]", comm.trim()))
+            .unwrap_or_else(|_| "?".to_owned());
+    }
+    match line.char_indices().nth(COMMAND_SHOWN) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    #[test]
+    fn the_holder_of_a_port_is_named() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let found = holders(port).expect("read /proc");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].pid, std::process::id());
+        let exe = std::env::current_exe().expect("exe");
+        let name = exe.file_name().expect("name").to_string_lossy();
+        assert!(found[0].command.contains(name.as_ref()), "{found:?}");
+        drop(listener);
+        assert_eq!(holders(port).expect("read /proc"), []);
+    }
 
     #[test]
     fn a_listener_of_this_process_group_is_no_stranger() {

@@ -26,7 +26,14 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Response {
     match state.health() {
         HealthMode::Ok => (StatusCode::OK, "ok").into_response(),
         HealthMode::Fail => (StatusCode::INTERNAL_SERVER_ERROR, "unhealthy").into_response(),
-        HealthMode::NeverReady => (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response(),
+        HealthMode::NeverReady => {
+            tokio::time::sleep(state.not_ready.delay).await;
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                state.not_ready.body.clone(),
+            )
+                .into_response()
+        }
         HealthMode::Hang => std::future::pending().await,
     }
 }

@@ -22,7 +22,7 @@ use axum::Router;
 use ray_dashd_sdk::{ModuleEnv, SdkError};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::state::{AppState, HealthMode, Shared};
+use crate::state::{AppState, HealthMode, NotReady, Shared};
 
 /// Exit code for a bad environment (EX_USAGE).
 const EXIT_USAGE: u8 = 64;
@@ -36,6 +36,11 @@ struct Behaviour {
     exit_on_start: Option<i32>,
     /// `TEST_MODULE_NEVER_READY=1`: healthz answers 503.
     never_ready: bool,
+    /// `TEST_MODULE_NOT_READY_REASON`: healthz answers 503 with
+    /// `not ready: <this>` (implies never ready).
+    not_ready_reason: Option<String>,
+    /// `TEST_MODULE_NOT_READY_DELAY_MS`: the not-ready answer takes this long.
+    not_ready_delay: Duration,
     /// `TEST_MODULE_IGNORE_SIGTERM=1`: only SIGKILL (or SIGINT) stops it.
     ignore_sigterm: bool,
     /// `TEST_MODULE_SPAWN`: a shell command started (`sh -c`) as the
@@ -63,7 +68,12 @@ impl Behaviour {
                 number("TEST_MODULE_STARTUP_DELAY_MS")?.unwrap_or(0),
             ),
             exit_on_start: number("TEST_MODULE_EXIT_ON_START")?,
-            never_ready: flag("TEST_MODULE_NEVER_READY"),
+            never_ready: flag("TEST_MODULE_NEVER_READY")
+                || var("TEST_MODULE_NOT_READY_REASON").is_some(),
+            not_ready_reason: var("TEST_MODULE_NOT_READY_REASON"),
+            not_ready_delay: Duration::from_millis(
+                number("TEST_MODULE_NOT_READY_DELAY_MS")?.unwrap_or(0),
+            ),
             ignore_sigterm: flag("TEST_MODULE_IGNORE_SIGTERM"),
             spawn: var("TEST_MODULE_SPAWN"),
         })
@@ -142,6 +152,12 @@ async fn run(env: ModuleEnv, behaviour: Behaviour) -> Result<(), SdkError> {
         env.incarnation,
         env.socket.clone(),
         health,
+        NotReady {
+            body: behaviour
+                .not_ready_reason
+                .map_or_else(|| "not ready".to_owned(), |why| format!("not ready: {why}")),
+            delay: behaviour.not_ready_delay,
+        },
     ));
     let counted = Arc::clone(&state);
     let count = move |stream| connections::Counted::new(stream, Arc::clone(&counted));

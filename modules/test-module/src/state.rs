@@ -62,6 +62,15 @@ pub(crate) struct CloseRecord {
     pub(crate) reason: String,
 }
 
+/// How `/api/healthz` answers while the module is not ready.
+#[derive(Debug, Clone)]
+pub(crate) struct NotReady {
+    /// The 503's body.
+    pub(crate) body: String,
+    /// How long the answer takes (a Python module's takes a few ms).
+    pub(crate) delay: std::time::Duration,
+}
+
 /// Everything the handlers share.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -73,6 +82,8 @@ pub(crate) struct Shared {
     pub(crate) socket: PathBuf,
     /// Current [`HealthMode`], stored as its `u8` discriminant.
     health: AtomicU8,
+    /// How healthz answers in [`HealthMode::NeverReady`].
+    pub(crate) not_ready: NotReady,
     /// `/test/stream` bodies created.
     pub(crate) streams_started: AtomicU64,
     /// `/test/stream` bodies that yielded every chunk.
@@ -96,12 +107,14 @@ impl Shared {
         incarnation: u32,
         socket: PathBuf,
         health: HealthMode,
+        not_ready: NotReady,
     ) -> Self {
         Self {
             module,
             incarnation,
             socket,
             health: AtomicU8::new(health as u8),
+            not_ready,
             streams_started: AtomicU64::new(0),
             streams_completed: AtomicU64::new(0),
             streams_cancelled: AtomicU64::new(0),

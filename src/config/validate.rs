@@ -1,0 +1,513 @@
+//! Validation: raw values from the file (and the command line) checked and
+//! turned into typed settings, each error naming the file and the field.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::Method;
+
+use super::raw::{RawConfig, RawModule, RawSupervision};
+use super::{
+    Config, ModuleSpec, RouteKind, RouteSpec, ServerSettings, Supervision,
+    DEFAULT_CLIENT_IDLE_TIMEOUT, HOST_PATHS, MIN_HEADER_BYTES,
+};
+use crate::cli::Cli;
+use crate::error::ConfigError;
+use crate::ray::python::{PythonSource, RayPython};
+use crate::ray::RaySettings;
+
+pub(super) struct Validator<'a> {
+    pub(super) origin: &'a str,
+}
+
+impl Validator<'_> {
+    fn invalid(&self, field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.origin.to_owned(),
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// Validates the settings of `raw` (its modules are left to
+    /// [`Validator::modules`]) with the command line over them.
+    pub(super) fn validate(&self, raw: RawConfig, cli: &Cli) -> Result<Config, ConfigError> {
+        let s = raw.server;
+        let defaults = self.supervision(
+            "module_defaults",
+            &raw.module_defaults,
+            &Supervision::default(),
+        )?;
+        let max_header_bytes = s.max_header_bytes.unwrap_or(64 * 1024);
+        if max_header_bytes < MIN_HEADER_BYTES {
+            return Err(self.invalid(
+                "server.max_header_bytes",
+                format!("must be at least {MIN_HEADER_BYTES}"),
+            ));
+        }
+        let server = ServerSettings {
+            max_request_body_bytes: s.max_request_body_bytes.unwrap_or(100 * 1024 * 1024),
+            max_header_bytes,
+            max_websocket_message_bytes: s.max_websocket_message_bytes.unwrap_or(64 * 1024 * 1024),
+            http_response_timeout: self.secs(
+                "server.http_response_timeout_secs",
+                s.http_response_timeout_secs,
+                Duration::from_secs(300),
+            )?,
+            shutdown_grace: self.secs(
+                "server.shutdown_grace_secs",
+                s.shutdown_grace_secs,
+                Duration::from_secs(10),
+            )?,
+            client_send_timeout: self.positive_secs(
+                "server.client_send_timeout_secs",
+                s.client_send_timeout_secs,
+                DEFAULT_CLIENT_IDLE_TIMEOUT,
+            )?,
+            client_body_timeout: self.positive_secs(
+                "server.client_body_timeout_secs",
+                s.client_body_timeout_secs,
+                DEFAULT_CLIENT_IDLE_TIMEOUT,
+            )?,
+            worker_threads: match s.worker_threads {
+                None => 1,
+                Some(0) => return Err(self.invalid("server.worker_threads", "must be at least 1")),
+                Some(n) => n,
+            },
+            allowed_hosts: self.list(
+                "server.allowed_hosts",
+                s.allowed_hosts,
+                crate::guard::allowed_host,
+            )?,
+            allowed_origins: self.list(
+                "server.allowed_origins",
+                s.allowed_origins,
+                crate::guard::allowed_origin,
+            )?,
+            // Zero would refuse every client, health checks included.
+            max_connections: match s.max_connections {
+                Some(0) => return Err(self.invalid("server.max_connections", "must be at least 1")),
+                n => n,
+            },
+            cgroups: s.cgroups.unwrap_or_default(),
+        };
+
+        Ok(Config {
+            session_dir: cli
+                .session_dir
+                .clone()
+                .or(s.session_dir)
+                .unwrap_or_else(|| PathBuf::from(crate::cli::DEFAULT_SESSION_DIR)),
+            host: cli.host.or(s.host).unwrap_or(IpAddr::from([127, 0, 0, 1])),
+            port: cli.port.or(s.port).unwrap_or(8265),
+            server,
+            modules: Vec::new(),
+            module_defaults: defaults,
+            ray: RaySettings {
+                modules: raw.ray.modules.unwrap_or_default(),
+                python: self.python(cli, raw.ray.python)?,
+                client_port: cli
+                    .ray_client_port
+                    .or(raw.ray.client_port)
+                    .unwrap_or(crate::ray::DEFAULT_CLIENT_PORT),
+                gcs_gone_after: match self.secs(
+                    "ray.gcs_gone_secs",
+                    raw.ray.gcs_gone_secs,
+                    crate::ray::GCS_GONE_AFTER,
+                )? {
+                    Duration::ZERO => {
+                        return Err(self.invalid("ray.gcs_gone_secs", "must be more than 0"))
+                    }
+                    after => after,
+                },
+                launch: raw.ray.launch.unwrap_or_default(),
+            },
+        })
+    }
+
+    /// The Python for Ray's modules when one is named: `--ray-python` (or
+    /// `RAY_DASHD_RAY_PYTHON`) over `[ray] python`.
+    fn python(&self, cli: &Cli, file: Option<String>) -> Result<Option<RayPython>, ConfigError> {
+        let chosen = match (&cli.ray_python, file) {
+            (Some(program), _) => RayPython {
+                program: program.clone(),
+                source: if cli.ray_python_from_env {
+                    PythonSource::Env
+                } else {
+                    PythonSource::Flag
+                },
+            },
+            (None, Some(program)) => {
+                if program.is_empty() {
+                    return Err(self.invalid("ray.python", "must name a program"));
+                }
+                RayPython {
+                    program,
+                    source: PythonSource::ConfigFile(self.origin.to_owned()),
+                }
+            }
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(chosen))
+    }
+
+    /// Validates `raw` modules, which come after `existing` ones.
+    pub(super) fn modules(
+        &self,
+        raw: Vec<RawModule>,
+        defaults: &Supervision,
+        existing: &[ModuleSpec],
+    ) -> Result<Vec<ModuleSpec>, ConfigError> {
+        let mut modules = Vec::with_capacity(raw.len());
+        // name -> its index among `raw`, or `None` for an existing module
+        let mut names: HashMap<String, Option<usize>> = HashMap::new();
+        // (method, normalized path) -> (module, path as written)
+        let mut claimed: HashMap<(Method, String), (String, String)> = HashMap::new();
+        for module in existing {
+            names.insert(module.name.clone(), None);
+            for route in &module.routes {
+                claimed.insert(
+                    (route.method.clone(), normalize_pattern(&route.path)),
+                    (module.name.clone(), route.path.clone()),
+                );
+            }
+        }
+        let host_paths = HostPaths::new();
+        for (i, m) in raw.into_iter().enumerate() {
+            let at = format!("modules[{i}]");
+            if m.name.is_empty()
+                || !m
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(self.invalid(
+                    format!("{at}.name"),
+                    format!("{:?} must match [A-Za-z0-9_-]+", m.name),
+                ));
+            }
+            if let Some(first) = names.insert(m.name.clone(), Some(i)) {
+                let first = match first {
+                    Some(first) => format!("modules[{first}]"),
+                    None => "an earlier module (a built-in one, or one of the config's)".to_owned(),
+                };
+                return Err(self.invalid(
+                    format!("{at}.name"),
+                    format!("{:?} is already the name of {first}", m.name),
+                ));
+            }
+            let mut command = m.command.into_iter();
+            let program = match command.next() {
+                Some(p) if !p.is_empty() => p,
+                _ => return Err(self.invalid(format!("{at}.command"), "must name a program")),
+            };
+            for key in m.env.keys() {
+                if key.is_empty() || key.contains('=') || key.contains('\0') {
+                    return Err(self.invalid(
+                        format!("{at}.env"),
+                        format!("{key:?} is not a valid variable name"),
+                    ));
+                }
+            }
+            let mut routes = Vec::with_capacity(m.routes.len());
+            for (j, r) in m.routes.into_iter().enumerate() {
+                let rat = format!("{at}.routes[{j}]");
+                let method = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| self.invalid(format!("{rat}.method"), "not an HTTP method"))?;
+                if r.kind == RouteKind::Websocket && method != Method::GET {
+                    return Err(
+                        self.invalid(format!("{rat}.method"), "a websocket route must be GET")
+                    );
+                }
+                check_pattern(&r.path).map_err(|p| self.invalid(format!("{rat}.path"), p))?;
+                let route = RouteSpec {
+                    method,
+                    path: r.path,
+                    kind: r.kind,
+                };
+                if let Some(host_path) = host_paths.shadowed_by(&route) {
+                    return Err(self.invalid(
+                        format!("{rat}.path"),
+                        format!(
+                            "{} {} of module {:?} would shadow {host_path}, which ray-dashd (host) serves itself",
+                            route.method, route.path, m.name
+                        ),
+                    ));
+                }
+                let (method, path) = (&route.method, &route.path);
+                let key = (method.clone(), normalize_pattern(path));
+                if let Some((other, other_path)) = claimed.get(&key) {
+                    return Err(self.invalid(
+                        format!("{rat}.path"),
+                        format!(
+                            "{method} {path} is claimed by both {other:?} ({other_path}) and {:?}",
+                            m.name
+                        ),
+                    ));
+                }
+                claimed.insert(key, (m.name.clone(), path.clone()));
+                routes.push(route);
+            }
+            let supervision =
+                self.supervision(&format!("{at}.supervision"), &m.supervision, defaults)?;
+            modules.push(ModuleSpec {
+                name: m.name,
+                program,
+                args: command.collect(),
+                env: m.env,
+                routes,
+                supervision,
+            });
+        }
+
+        Ok(modules)
+    }
+
+    /// Checks each entry of the list `field` with `check`, which gives the
+    /// entry's normal form or its problem.
+    fn list(
+        &self,
+        field: &str,
+        entries: Option<Vec<String>>,
+        check: impl Fn(&str) -> Result<String, String>,
+    ) -> Result<Vec<String>, ConfigError> {
+        let mut checked: Vec<String> = Vec::new();
+        for (i, entry) in entries.unwrap_or_default().iter().enumerate() {
+            let normal = check(entry).map_err(|p| self.invalid(format!("{field}[{i}]"), p))?;
+            if !checked.contains(&normal) {
+                checked.push(normal);
+            }
+        }
+        Ok(checked)
+    }
+
+    fn secs(
+        &self,
+        field: &str,
+        value: Option<f64>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match value {
+            None => Ok(default),
+            Some(v) => Duration::try_from_secs_f64(v).map_err(|_| {
+                self.invalid(
+                    field,
+                    format!("{v} is not a non-negative number of seconds"),
+                )
+            }),
+        }
+    }
+
+    /// As [`Validator::secs`], but 0 is refused too.
+    fn positive_secs(
+        &self,
+        field: &str,
+        value: Option<f64>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match self.secs(field, value, default)? {
+            Duration::ZERO => Err(self.invalid(field, "must be more than 0")),
+            secs => Ok(secs),
+        }
+    }
+
+    fn supervision(
+        &self,
+        at: &str,
+        raw: &RawSupervision,
+        base: &Supervision,
+    ) -> Result<Supervision, ConfigError> {
+        let f = |name: &str| format!("{at}.{name}");
+        let s = Supervision {
+            startup_timeout: self.secs(
+                &f("startup_timeout_secs"),
+                raw.startup_timeout_secs,
+                base.startup_timeout,
+            )?,
+            health_interval: self.secs(
+                &f("health_interval_secs"),
+                raw.health_interval_secs,
+                base.health_interval,
+            )?,
+            health_timeout: self.secs(
+                &f("health_timeout_secs"),
+                raw.health_timeout_secs,
+                base.health_timeout,
+            )?,
+            failure_threshold: raw.failure_threshold.unwrap_or(base.failure_threshold),
+            backoff_initial: self.secs(
+                &f("backoff_initial_secs"),
+                raw.backoff_initial_secs,
+                base.backoff_initial,
+            )?,
+            backoff_max: self.secs(
+                &f("backoff_max_secs"),
+                raw.backoff_max_secs,
+                base.backoff_max,
+            )?,
+            stable_after: self.secs(
+                &f("stable_after_secs"),
+                raw.stable_after_secs,
+                base.stable_after,
+            )?,
+            stop_grace: self.secs(&f("stop_grace_secs"), raw.stop_grace_secs, base.stop_grace)?,
+            max_connections: raw.max_connections.unwrap_or(base.max_connections),
+            max_queued_requests: raw.max_queued_requests.unwrap_or(base.max_queued_requests),
+        };
+        // A zero backoff or stable-after time would restart a failing module
+        // at once, again and again.
+        let positive = [
+            ("startup_timeout_secs", s.startup_timeout),
+            ("health_interval_secs", s.health_interval),
+            ("health_timeout_secs", s.health_timeout),
+            ("backoff_initial_secs", s.backoff_initial),
+            ("stable_after_secs", s.stable_after),
+        ];
+        for (name, d) in positive {
+            if d.is_zero() {
+                return Err(self.invalid(f(name), "must be greater than zero"));
+            }
+        }
+        if s.failure_threshold == 0 {
+            return Err(self.invalid(f("failure_threshold"), "must be at least 1"));
+        }
+        // No connection at all would leave every request waiting out its
+        // deadline.
+        if s.max_connections == 0 {
+            return Err(self.invalid(f("max_connections"), "must be at least 1"));
+        }
+        if s.backoff_max < s.backoff_initial {
+            return Err(self.invalid(
+                f("backoff_max_secs"),
+                "must not be less than backoff_initial_secs",
+            ));
+        }
+        Ok(s)
+    }
+}
+
+/// The host's own paths ([`HOST_PATHS`]), each with a matcher, for finding
+/// module routes that would shadow them.
+struct HostPaths(Vec<(&'static str, matchit::Router<()>)>);
+
+impl HostPaths {
+    fn new() -> HostPaths {
+        HostPaths(
+            HOST_PATHS
+                .iter()
+                .map(|path| {
+                    let mut matcher = matchit::Router::new();
+                    matcher
+                        .insert(*path, ())
+                        .expect("UNWRAP: HOST_PATHS are valid matchit patterns");
+                    (*path, matcher)
+                })
+                .collect(),
+        )
+    }
+
+    /// The first host path that `route` would answer (whatever the method:
+    /// a path that a module route matches is the module's), if any. Two
+    /// patterns overlap when a path built from the host path, with each of
+    /// its parameters filled from the route's segment at the same place,
+    /// matches both; the route side is checked by the proxy's own matcher.
+    fn shadowed_by(&self, route: &RouteSpec) -> Option<&'static str> {
+        let probe = ModuleSpec {
+            name: String::new(),
+            program: String::new(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            routes: vec![route.clone()],
+            supervision: Supervision::default(),
+        };
+        let table = crate::routes::RouteTable::new(std::slice::from_ref(&probe));
+        self.0.iter().find_map(|(host_path, matcher)| {
+            let path = overlap_probe(&route.path, host_path);
+            let shadowed = matcher.at(&path).is_ok()
+                && table.lookup(&route.method, &path) != crate::routes::Lookup::NotFound;
+            shadowed.then_some(*host_path)
+        })
+    }
+}
+
+/// The path that matches both `pattern` (a module route's) and `host` (a
+/// matchit pattern) if any does: `host` with its `{name}` parameters taken
+/// from `pattern`'s literal segment at the same place (else `x`), and its
+/// `{*rest}` from `pattern`'s remaining segments.
+pub(super) fn overlap_probe(pattern: &str, host: &str) -> String {
+    let route: Vec<&str> = pattern.split('/').collect();
+    let literal = |segment: &str| {
+        if segment.starts_with('{') {
+            "x".to_owned()
+        } else {
+            segment.to_owned()
+        }
+    };
+    let mut probe = Vec::new();
+    for (i, segment) in host.split('/').enumerate() {
+        if segment.starts_with("{*") {
+            let rest = route.get(i..).unwrap_or_default();
+            if rest.is_empty() {
+                probe.push("x".to_owned());
+            }
+            probe.extend(rest.iter().map(|s| literal(s)));
+            break;
+        } else if segment.starts_with('{') {
+            probe.push(match route.get(i) {
+                Some(s) if !s.is_empty() => literal(s),
+                _ => "x".to_owned(),
+            });
+        } else {
+            probe.push(segment.to_owned());
+        }
+    }
+    probe.join("/")
+}
+
+/// Checks an aiohttp-style path pattern: absolute, `{name}` segments only.
+pub(super) fn check_pattern(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!("{path:?} must start with '/'"));
+    }
+    for segment in path.split('/') {
+        if let Some(inner) = segment.strip_prefix('{') {
+            let Some(name) = inner.strip_suffix('}') else {
+                return Err(format!(
+                    "{path:?}: segment {segment:?} must be a whole {{name}}"
+                ));
+            };
+            let valid = name.bytes().enumerate().all(|(i, b)| {
+                b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit())
+            });
+            if name.is_empty() || !valid {
+                return Err(format!(
+                    "{path:?}: parameter {segment:?} must be {{name}} with name [A-Za-z_][A-Za-z0-9_]* (regex parameters are not supported)"
+                ));
+            }
+        } else if segment.contains(['{', '}']) {
+            return Err(format!(
+                "{path:?}: segment {segment:?} mixes text and a parameter"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The pattern with every parameter renamed by position, so that
+/// `/a/{x}` and `/a/{y}` count as the same path.
+pub(crate) fn normalize_pattern(path: &str) -> String {
+    let mut n = 0;
+    path.split('/')
+        .map(|segment| {
+            if segment.starts_with('{') {
+                n += 1;
+                format!("{{p{n}}}")
+            } else {
+                segment.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}

@@ -10,8 +10,12 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::ray_head::{all_ray_modules_healthy, authed, free_port, text, token, RayHead, RAY_WAIT};
+use crate::ray_client::run_driver;
+use crate::ray_head::{all_ray_modules_healthy, authed, text, token, RayHead, RAY_WAIT};
 use crate::support::{client, dashd, eventually, Dashd};
+
+/// The Ray Client port ray-dashd's proxy takes when told none.
+const DEFAULT_CLIENT_PORT: u16 = 10001;
 
 /// A `PATH` with no Python that has Ray and no `ray-dashd`: what ray-dashd
 /// starts must come from the binary itself or the venv it was installed in.
@@ -169,21 +173,25 @@ fn builtins_are_subcommands() {
 /// token authentication), run with `--session-dir` and `--port` only and a
 /// `PATH` without Ray: it finds Ray's Python in the venv it was installed
 /// into, hosts Ray's nine modules (forked through `ray-dashd fork-shim`),
-/// the Ray Client proxy (`ray-dashd client-proxy`) and its built-in modules,
-/// all healthy, and `ray job submit` works through it.
+/// the Ray Client proxy (`ray-dashd client-proxy`) on 10001 and its
+/// built-in modules, all healthy; `ray job submit` works through it, and
+/// `ray.init("ray://127.0.0.1:10001")` runs a task, an actor and a put/get.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
     let venv = wheel_venv();
     let installed = venv.join("bin/ray-dashd");
     let head = RayHead::start(&venv.join("bin/python"));
-    // The proxy's port comes from the environment, not a flag: the default
-    // 10001 may be another test's (or another user's) on a shared machine.
+    // The proxy on its default port, as a user gets it: no other test uses
+    // 10001 (the test heads' own proxiers are on ports of their own).
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", DEFAULT_CLIENT_PORT)).is_ok(),
+        "port {DEFAULT_CLIENT_PORT} is taken on this machine: this test needs it free"
+    );
     let d = dashd()
         .binary(&installed)
         .default_config()
         .session_dir(&head.session())
         .env("PATH", BARE_PATH)
-        .env("RAY_DASHD_RAY_CLIENT_PORT", &free_port().to_string())
         .env("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         .env("RAY_USAGE_STATS_ENABLED", "0")
         .env("RAY_AUTH_MODE", "token")
@@ -245,4 +253,12 @@ async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
     assert!(submitted.status.success(), "{out}\nlog:\n{}", d.log());
     assert!(out.lines().any(|l| l.trim() == "42"), "{out}");
     assert!(out.contains("succeeded"), "{out}");
+
+    // `ray://` on the default port reaches ray-dashd's proxy: a task, an
+    // actor and a put/get, on a client server of its own.
+    let address = format!("127.0.0.1:{DEFAULT_CLIENT_PORT}");
+    let result = run_driver(&head, &venv.join("bin/python"), &address, "basics");
+    assert_eq!(result["task"], 42, "{result:#}");
+    assert_eq!(result["actor"], 2, "{result:#}");
+    assert_eq!(result["put_get_equal"], true, "{result:#}");
 }

@@ -18,7 +18,7 @@ const HEADER: &str = "\
 /// The note on `[ray] python` when none is named.
 const PYTHON_NOTE: &str = "\
 # [ray] python is not set: the first that imports ray is used of the
-# Python of ray-dashd's wheel, that of the Ray head's processes, and
+# Python of the Ray head's processes, that of ray-dashd's wheel, and
 # python3 on PATH.
 ";
 

@@ -1,8 +1,8 @@
 //! Which Python runs Ray's modules: the one named (`--ray-python`,
 //! `RAY_DASHD_RAY_PYTHON`, `[ray] python`, in that order), else the first
-//! of [`SEARCH`] that can import Ray: the wheel's (the environment
-//! ray-dashd was installed into beside Ray), the Python the Ray head's own
-//! processes run, `python3` on `PATH`.
+//! of [`SEARCH`] that can import Ray: the Python the Ray head's own
+//! processes run, the wheel's (the environment ray-dashd was installed
+//! into), `python3` on `PATH`.
 
 use std::fmt;
 use std::os::unix::fs::MetadataExt;
@@ -52,10 +52,9 @@ impl fmt::Display for PythonSource {
 /// Where a Python is looked for when none is named, in this order; the
 /// first candidate that can import Ray is taken.
 ///
-/// The wheel's first: `pip install ray-dashd` into an environment is the
-/// user naming that environment (and, when it has no Ray, the head's
-/// Python is next).
-const SEARCH: &[Search] = &[Search::Wheel, Search::Head, Search::Path];
+/// The head's first: it runs the very Ray whose GCS the modules talk to,
+/// even when ray-dashd was installed into another environment.
+const SEARCH: &[Search] = &[Search::Head, Search::Wheel, Search::Path];
 
 /// One place to look for a Python.
 #[derive(Debug, Clone, Copy)]

@@ -44,7 +44,8 @@ pub struct Cli {
 
     /// The Python that has ray[default], for Ray's modules and the Ray
     /// Client proxy. [default: the Python of the Ray head's own processes,
-    /// else python3 on PATH]
+    /// else that of the wheel ray-dashd was installed from, else python3
+    /// on PATH]
     #[arg(long, env = "RAY_DASHD_RAY_PYTHON", value_name = "PATH")]
     pub ray_python: Option<String>,
 
@@ -52,6 +53,15 @@ pub struct Cli {
     /// the flag (for the log line that says where the Python came from).
     #[arg(skip)]
     pub ray_python_from_env: bool,
+
+    /// Size in bytes at which `ray-dashd.log` and the modules' `.out` and
+    /// `.err` are rotated; 0: never (Ray's variable; default 512 MiB).
+    #[arg(long, env = "RAY_ROTATION_MAX_BYTES", value_name = "BYTES")]
+    pub log_rotation_max_bytes: Option<u64>,
+
+    /// How many rotated files of each are kept (Ray's variable; default 5).
+    #[arg(long, env = "RAY_ROTATION_BACKUP_COUNT", value_name = "N")]
+    pub log_rotation_backup_count: Option<u32>,
 
     /// A TOML config file (modules, limits, supervision settings), laid
     /// over the built-in config/default.toml: what it sets replaces the

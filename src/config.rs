@@ -88,6 +88,8 @@ pub struct ServerSettings {
     /// Whether each module incarnation runs in a cgroup of its own, killed
     /// whole when the incarnation ends.
     pub cgroups: CgroupMode,
+    /// How `ray-dashd.log` and the modules' `.out` and `.err` rotate.
+    pub log_rotation: Rotation,
 }
 
 /// One module: how to start it, how to supervise it and which routes it serves.
@@ -148,6 +150,39 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 100;
 /// laptop waking up; short enough that a client that stopped reading or
 /// sending lets its module request go within a minute.
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Ray's default `RAY_ROTATION_MAX_BYTES`: 512 MiB.
+pub const DEFAULT_MAX_BYTES: u64 = 512 * 1024 * 1024;
+
+/// Ray's default `RAY_ROTATION_BACKUP_COUNT`.
+pub const DEFAULT_BACKUP_COUNT: u32 = 5;
+
+/// How the log files the host writes rotate (`server.log_rotation_*`,
+/// Ray's `RAY_ROTATION_*` variables over them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotation {
+    /// The size a file may reach before it is rotated; 0: never rotated.
+    pub max_bytes: u64,
+    /// How many rotated files are kept (`name.1` … `name.N`); 0: never
+    /// rotated (as Python's handler, which then lets the file grow).
+    pub backup_count: u32,
+}
+
+impl Default for Rotation {
+    fn default() -> Self {
+        Rotation {
+            max_bytes: DEFAULT_MAX_BYTES,
+            backup_count: DEFAULT_BACKUP_COUNT,
+        }
+    }
+}
+
+impl Rotation {
+    /// Whether files rotate at all.
+    pub fn enabled(self) -> bool {
+        self.max_bytes > 0 && self.backup_count > 0
+    }
+}
 
 /// Requests that may wait for a connection per module when the config names
 /// no number: ten times the default connections, so a burst of a thousand

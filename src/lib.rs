@@ -50,6 +50,11 @@ use crate::server::AppState;
 use crate::session::Session;
 use crate::supervisor::Supervisor;
 
+/// How long the exit waits for the modules' output to reach their files
+/// once they have stopped: copying what a pipe holds takes microseconds;
+/// only a pipe that a stray descendant keeps open takes the whole bound.
+const OUTPUT_DRAIN: Duration = Duration::from_millis(500);
+
 /// How long blocking helpers may hold up the exit once everything stopped.
 const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 
@@ -116,7 +121,8 @@ fn max_connections(config: &Config, nofile: u64) -> usize {
 /// Prepares the session, starts logging and the runtime, binds, and serves
 /// until SIGTERM or SIGINT, or until the Ray head it serves is gone.
 pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
-    let session = Session::prepare(&config.session_dir)?;
+    let session =
+        Session::prepare(&config.session_dir)?.with_log_rotation(config.server.log_rotation);
     // Held until `launch` returns, after everything else stopped: its drop
     // flushes the last lines (the exit's reasons) to stderr and the file.
     let _log_guard = logging::init(&session);
@@ -197,6 +203,8 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
     // A blocking helper still running must not hold up the exit; the
     // modules are already stopped.
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+    // Their last words, still in the pipes, to their files.
+    session::rotating::drain(OUTPUT_DRAIN);
     served
 }
 

@@ -1,6 +1,7 @@
-//! Logging: `tracing` to stderr and to `<session>/logs/ray-dashd.log`, each
-//! through a bounded queue and a writer thread of its own, so that a stalled
-//! reader of stderr or a slow disk costs log lines, never serving.
+//! Logging: `tracing` to stderr and to `<session>/logs/ray-dashd.log`
+//! (rotated by size, see [`crate::session::RotatingFile`]), each through a
+//! bounded queue and a writer thread of its own, so that a stalled reader
+//! of stderr or a slow disk costs log lines, never serving.
 //!
 //! Lines that do not fit are dropped and counted; once a writer takes lines
 //! again it is told how many it missed (see [`Drops`]).
@@ -83,7 +84,7 @@ pub fn init(session: &Session) -> LogGuard {
         .thread_name("log-stderr")
         .finish(io::stderr());
     let mut drops = vec![Drops::new(Sink::Stderr, stderr_writer.error_counter())];
-    let (file_layer, file_guard, refused) = match session.log_dir.append(LOG_FILE) {
+    let (file_layer, file_guard, refused) = match session.log_file(LOG_FILE) {
         Ok(file) => {
             let (writer, guard) = NonBlockingBuilder::default()
                 .buffered_lines_limit(FILE_QUEUE_LINES)

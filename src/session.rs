@@ -2,14 +2,17 @@
 //! Ray lays out its own, so that ray-dashd and `ray start` can share it.
 
 mod log_dir;
+pub mod rotating;
 
 pub use log_dir::{LogDir, LogFileError};
+pub use rotating::RotatingFile;
 
 use std::fs::{self, DirBuilder};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::config::Rotation;
 use crate::error::StartupError;
 
 /// The most bytes a Unix socket path may have (`sun_path` less its NUL).
@@ -34,6 +37,8 @@ pub struct Session {
     /// `logs`, held open: log files are opened through it, never through
     /// a link (see [`LogDir`]).
     pub log_dir: LogDir,
+    /// How the log files the host writes there rotate.
+    pub log_rotation: Rotation,
 }
 
 impl Session {
@@ -61,7 +66,22 @@ impl Session {
             sockets_id: (meta.dev(), meta.ino()),
             logs,
             log_dir,
+            log_rotation: Rotation::default(),
         })
+    }
+
+    /// The session with its log files rotating as `rotation` says.
+    pub fn with_log_rotation(self, rotation: Rotation) -> Session {
+        Session {
+            log_rotation: rotation,
+            ..self
+        }
+    }
+
+    /// Opens log file `name` (see [`LogDir::append`]), rotating as the
+    /// session's log files do.
+    pub fn log_file(&self, name: &str) -> Result<RotatingFile, LogFileError> {
+        RotatingFile::open(&self.log_dir, name, self.log_rotation)
     }
 
     /// Checks that `sockets/` is still the folder prepared at start-up: the

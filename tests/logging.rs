@@ -201,3 +201,107 @@ async fn a_linked_dashboard_log_is_refused() {
         "SECRET of the host's user\n"
     );
 }
+
+/// The size Ray's `RAY_ROTATION_MAX_BYTES` is set to in the rotation test.
+const ROTATE_AT: u64 = 16 * 1024;
+/// The lines the module prints: 100 bytes each, some 12 files' worth.
+const PRINTED_LINES: usize = 2000;
+
+/// The numbered lines (`line 000042 …`) in `text`.
+fn line_numbers(text: &str) -> Vec<usize> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("line ")?.get(..6)?.parse().ok())
+        .collect()
+}
+
+/// With Ray's `RAY_ROTATION_MAX_BYTES` and `RAY_ROTATION_BACKUP_COUNT`
+/// set, a module's `.out` rotates as Ray's files do (`.out.1`, `.out.2`,
+/// none beyond the count, none past the size), keeping its newest lines in
+/// order and with no gap, while the module runs on.
+#[tokio::test]
+async fn module_output_rotates_by_size_as_rays_files_do() {
+    let d = dashd()
+        .module(test_module("tm"))
+        .env("RAY_DASHD_LOG", "debug")
+        .env("RAY_ROTATION_MAX_BYTES", &ROTATE_AT.to_string())
+        .env("RAY_ROTATION_BACKUP_COUNT", "2")
+        .start();
+    d.healthy("tm", 0).await;
+    let http = client();
+    for stream in ["out", "err"] {
+        let printed = http
+            .post(d.url(&format!(
+                "/test/print?lines={PRINTED_LINES}&stream={stream}"
+            )))
+            .send()
+            .await
+            .expect("print");
+        assert_eq!(printed.status(), 200, "{stream}");
+    }
+    let logs = d.session().join("logs");
+    let read = |name: &str| std::fs::read_to_string(logs.join(name)).unwrap_or_default();
+    for stream in ["out", "err"] {
+        let name = format!("dashboard_tm.{stream}");
+        // Everything printed has reached the files when the last line has.
+        let last = format!("line {:06}", PRINTED_LINES - 1);
+        eventually(WAIT, || async { read(&name).contains(&last).then_some(()) })
+            .await
+            .unwrap_or_else(|| panic!("{name} never got the last line: {}", read(&name)));
+        let files = [name.clone(), format!("{name}.1"), format!("{name}.2")];
+        for file in &files {
+            let size = std::fs::metadata(logs.join(file))
+                .unwrap_or_else(|e| panic!("{file}: {e}"))
+                .len();
+            assert!(size <= ROTATE_AT, "{file} has {size} bytes");
+        }
+        assert!(
+            !logs.join(format!("{name}.3")).exists(),
+            "more backups than RAY_ROTATION_BACKUP_COUNT"
+        );
+        // Oldest to newest: .2, .1, then the file; consecutive to the end.
+        let numbers: Vec<usize> = files
+            .iter()
+            .rev()
+            .flat_map(|f| line_numbers(&read(f)))
+            .collect();
+        assert_eq!(numbers.last(), Some(&(PRINTED_LINES - 1)), "{name}");
+        let first = numbers[0];
+        assert!(first > 0, "{name}: nothing was rotated away");
+        assert_eq!(
+            numbers,
+            (first..PRINTED_LINES).collect::<Vec<_>>(),
+            "{name}: the kept lines have a gap or are out of order"
+        );
+    }
+    d.healthy("tm", 0).await;
+}
+
+/// `ray-dashd.log` rotates as the modules' output does: with a size of
+/// 1 KiB, start-up and one restart of a module log more than that.
+#[tokio::test]
+async fn the_host_log_rotates_by_size() {
+    const SMALL: u64 = 1024;
+    let d = dashd()
+        .module(test_module("tm"))
+        .env("RAY_ROTATION_MAX_BYTES", &SMALL.to_string())
+        .env("RAY_ROTATION_BACKUP_COUNT", "1")
+        .start();
+    d.healthy("tm", 0).await;
+    let _ = client().post(d.url("/test/crash")).send().await;
+    d.healthy("tm", 1).await;
+    let logs = d.session().join("logs");
+    let size = |name: &str| {
+        std::fs::metadata(logs.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .len()
+    };
+    let rotated = eventually(WAIT, || async {
+        logs.join("ray-dashd.log.1").exists().then_some(())
+    })
+    .await;
+    assert!(rotated.is_some(), "ray-dashd.log was never rotated");
+    for name in ["ray-dashd.log", "ray-dashd.log.1"] {
+        assert!(size(name) <= SMALL, "{name} has {} bytes", size(name));
+    }
+    assert!(!logs.join("ray-dashd.log.2").exists(), "one backup only");
+}

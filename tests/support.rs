@@ -48,6 +48,7 @@ pub const TEST_ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/test/ws/not", "websocket"),
     ("POST", "/test/crash", "http"),
     ("POST", "/test/hang", "http"),
+    ("POST", "/test/print", "http"),
     ("GET", "/test/slow", "http"),
     ("GET", "/test/status/{code}", "http"),
     ("GET", "/test/cookies", "http"),

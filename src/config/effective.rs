@@ -91,6 +91,8 @@ fn server(config: &Config) -> RawServer {
         // that the printed file derives it again where it is loaded.
         max_connections: s.max_connections,
         cgroups: Some(s.cgroups),
+        log_rotation_max_bytes: Some(s.log_rotation.max_bytes),
+        log_rotation_backup_count: Some(s.log_rotation.backup_count),
     }
 }
 

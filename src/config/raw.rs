@@ -86,6 +86,10 @@ pub(super) struct RawServer {
     pub(super) max_connections: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) cgroups: Option<CgroupMode>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) log_rotation_max_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) log_rotation_backup_count: Option<u32>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize)]
@@ -184,6 +188,10 @@ impl RawServer {
             allowed_origins: over.allowed_origins.clone().or(self.allowed_origins),
             max_connections: over.max_connections.or(self.max_connections),
             cgroups: over.cgroups.or(self.cgroups),
+            log_rotation_max_bytes: over.log_rotation_max_bytes.or(self.log_rotation_max_bytes),
+            log_rotation_backup_count: over
+                .log_rotation_backup_count
+                .or(self.log_rotation_backup_count),
         }
     }
 }

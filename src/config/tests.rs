@@ -524,6 +524,8 @@ client_body_timeout_secs = 7
 worker_threads = 3
 max_connections = 5000
 cgroups = "off"
+log_rotation_max_bytes = 1048576
+log_rotation_backup_count = 0
 allowed_hosts = ["Dash.Example.com"]
 allowed_origins = ["HTTPS://Dash.Example.com:443"]
 [module_defaults]
@@ -618,6 +620,50 @@ fn client_connection_cap_is_derived_unless_set() {
         .to_string();
     assert!(
         msg.starts_with("config test.toml: server.cgroups: ") && msg.contains("auto"),
+        "{msg}"
+    );
+}
+
+/// Log rotation defaults to Ray's (512 MiB, 5 backups); the file's keys
+/// set it, and Ray's variables (here their flags) win over the file.
+#[test]
+fn log_rotation_defaults_to_rays_and_rays_variables_win() {
+    let c = load("").expect("valid");
+    assert_eq!(
+        c.server.log_rotation,
+        Rotation {
+            max_bytes: 512 * 1024 * 1024,
+            backup_count: 5
+        }
+    );
+    let file = "[server]\nlog_rotation_max_bytes = 1000\nlog_rotation_backup_count = 2\n";
+    let c = load(file).expect("valid");
+    assert_eq!(
+        (
+            c.server.log_rotation.max_bytes,
+            c.server.log_rotation.backup_count
+        ),
+        (1000, 2)
+    );
+    let over = cli(&[
+        "--log-rotation-max-bytes",
+        "0",
+        "--log-rotation-backup-count",
+        "9",
+    ]);
+    let c = Config::from_toml("test.toml", file, &over).expect("valid");
+    assert_eq!(
+        (
+            c.server.log_rotation.max_bytes,
+            c.server.log_rotation.backup_count
+        ),
+        (0, 9)
+    );
+    let msg = load("[server]\nlog_rotation_max_bytes = -1\n")
+        .expect_err("negative")
+        .to_string();
+    assert!(
+        msg.starts_with("config test.toml: server.log_rotation_max_bytes: "),
         "{msg}"
     );
 }

@@ -10,8 +10,9 @@ use http::Method;
 
 use super::raw::{RawConfig, RawModule, RawSupervision};
 use super::{
-    Config, ModuleSpec, RouteKind, RouteSpec, ServerSettings, Supervision,
-    DEFAULT_CLIENT_IDLE_TIMEOUT, HOST_PATHS, MIN_HEADER_BYTES,
+    Config, ModuleSpec, Rotation, RouteKind, RouteSpec, ServerSettings, Supervision,
+    DEFAULT_BACKUP_COUNT, DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_MAX_BYTES, HOST_PATHS,
+    MIN_HEADER_BYTES,
 };
 use crate::cli::Cli;
 use crate::error::ConfigError;
@@ -92,6 +93,17 @@ impl Validator<'_> {
                 n => n,
             },
             cgroups: s.cgroups.unwrap_or_default(),
+            // Ray's variables, read as Ray reads them, over the file.
+            log_rotation: Rotation {
+                max_bytes: cli
+                    .log_rotation_max_bytes
+                    .or(s.log_rotation_max_bytes)
+                    .unwrap_or(DEFAULT_MAX_BYTES),
+                backup_count: cli
+                    .log_rotation_backup_count
+                    .or(s.log_rotation_backup_count)
+                    .unwrap_or(DEFAULT_BACKUP_COUNT),
+            },
         };
 
         Ok(Config {

@@ -118,6 +118,15 @@ impl LogDir {
         self.open_file(name, OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE)
     }
 
+    /// Renames `from` to `to` in the folder (replacing `to`). A link is
+    /// renamed itself, never followed.
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), LogFileError> {
+        rustix::fs::renameat(&*self.fd, from, &*self.fd, to).map_err(|e| LogFileError::Io {
+            path: self.file_path(from),
+            source: e.into(),
+        })
+    }
+
     /// Opens `name` for reading, with the same refusals as [`append`](Self::append).
     pub fn read(&self, name: &str) -> Result<File, LogFileError> {
         self.open_file(name, OFlags::RDONLY)

@@ -18,7 +18,7 @@ use super::cgroup::{IncarnationCgroup, CGROUP_ENV};
 use super::containment::containment;
 use crate::config::ModuleSpec;
 use crate::descriptors;
-use crate::session::{LogDir, Session};
+use crate::session::{LogDir, RotatingFile, Session};
 
 /// How much of a log file's end is read to quote its last lines.
 const TAIL_BYTES: u64 = 4096;
@@ -33,8 +33,9 @@ pub(crate) struct Spawned {
 }
 
 /// Starts one incarnation of `spec`. Its stdout and stderr are appended to
-/// `<logs>/dashboard_<name>.out` and `.err`; one that cannot be opened (a
-/// link, say) is refused with a warning and that output discarded.
+/// `<logs>/dashboard_<name>.out` and `.err` (through pipes, rotated by
+/// size); one that cannot be opened (a link, say) is refused with a warning
+/// and that output discarded.
 pub(crate) fn spawn_module(
     spec: &ModuleSpec,
     session: &Session,
@@ -48,8 +49,13 @@ pub(crate) fn spawn_module(
     // would go around the host's bounded log writer (a stalled stderr would
     // then stall the module, and its health checks) and mix unlabelled with
     // the host's own.
-    let append = |ext: &str| match session.log_dir.append(&log_name(&spec.name, ext)) {
-        Ok(file) => Stdio::from(file),
+    // Written through a pipe, so that the host can rotate the file under
+    // the module (see `RotatingFile`).
+    let append = |ext: &str| match session
+        .log_file(&log_name(&spec.name, ext))
+        .and_then(RotatingFile::piped)
+    {
+        Ok(pipe) => Stdio::from(pipe),
         Err(error) => {
             tracing::warn!(
                 module = %spec.name,

@@ -224,6 +224,33 @@ pub(crate) async fn hang() -> Response {
     (StatusCode::OK, "hang over").into_response()
 }
 
+/// Query of `POST /test/print`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct PrintQuery {
+    /// How many lines.
+    lines: usize,
+    /// `out` or `err` (default `out`).
+    stream: Option<String>,
+}
+
+/// `POST /test/print?lines=N&stream=out|err`: writes `N` numbered lines of
+/// 100 bytes each (`line 000042 xxx…`) to stdout or stderr.
+pub(crate) async fn print(Query(query): Query<PrintQuery>) -> Response {
+    use std::io::Write;
+    let text: String = (0..query.lines)
+        .map(|i| format!("line {i:06} {}\n", "x".repeat(88)))
+        .collect();
+    let written = match query.stream.as_deref().unwrap_or("out") {
+        "out" => std::io::stdout().lock().write_all(text.as_bytes()),
+        "err" => std::io::stderr().lock().write_all(text.as_bytes()),
+        other => return (StatusCode::BAD_REQUEST, format!("no stream {other}")).into_response(),
+    };
+    match written {
+        Ok(()) => (StatusCode::OK, format!("{}", text.len())).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
 /// Query of `GET /test/slow`.
 #[derive(Debug, Deserialize)]
 pub(crate) struct SlowQuery {

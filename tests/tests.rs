@@ -9,6 +9,7 @@ mod support;
 mod cli;
 mod client_proxy;
 mod config;
+mod deploy;
 mod descendants;
 mod descriptors;
 mod fork_shim;

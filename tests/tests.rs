@@ -17,6 +17,7 @@ mod guard;
 mod install;
 mod logging;
 mod module_connections;
+mod other_user;
 mod proxy_http;
 mod proxy_stream;
 mod proxy_ws;

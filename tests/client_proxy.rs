@@ -42,7 +42,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Streaming};
 
 use crate::support::{
-    bin_dir, client, command_module, dashd, eventually, kill, process_gone, Dashd, WAIT,
+    bin_dir, client, command_module, dashd, eventually, file_with, kill, process_gone, Dashd, WAIT,
 };
 
 const MODULE: &str = "ray_client_proxy";
@@ -993,16 +993,14 @@ exec "$fake" "$@""#;
         Some(u64::from(second)),
         "the client's server is not on the unshared port"
     );
-    let log = std::fs::read_to_string(
-        d.session()
+    // `file_with` panics, quoting the file, if the proxy never says why.
+    file_with(
+        &d.session()
             .join("logs")
             .join(format!("dashboard_{MODULE}.err")),
+        "another process listens",
     )
-    .unwrap_or_default();
-    assert!(
-        log.contains("another process listens"),
-        "the proxy did not say why: {log}"
-    );
+    .await;
     drop(stranger);
 }
 
@@ -1073,16 +1071,14 @@ exec "$fake" "$@""#;
         }
     }
     assert_eq!(bytes, 0, "a client's bytes reached the stranger");
-    let log = std::fs::read_to_string(
-        d.session()
+    // `file_with` panics, quoting the file, if the proxy never says why.
+    file_with(
+        &d.session()
             .join("logs")
             .join(format!("dashboard_{MODULE}.err")),
+        "another process listens",
     )
-    .unwrap_or_default();
-    assert!(
-        log.contains("another process listens"),
-        "the proxy did not say why: {log}"
-    );
+    .await;
 }
 
 /// The client port taken by another process (a plain listener of this

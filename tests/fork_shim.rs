@@ -10,7 +10,8 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::support::{
-    client, command_module, dashd, eventually, kill, process_gone, read_pid_file, ModuleDef,
+    client, command_module, dashd, eventually, file_with, kill, process_gone, read_pid_file,
+    ModuleDef,
 };
 
 const ZYGOTE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/modules/ray/zygote.py");
@@ -166,8 +167,11 @@ async fn without_a_zygote_the_module_starts_standalone() {
     let info = info(&d, "alpha").await;
     assert_eq!(info["forked"], false, "{info}");
     assert_eq!(info["pid"].as_u64(), Some(pid(&shim)), "{info}");
-    let err =
-        std::fs::read_to_string(d.session().join("logs/dashboard_alpha.err")).expect("shim's log");
+    let err = file_with(
+        &d.session().join("logs/dashboard_alpha.err"),
+        "starting the module standalone",
+    )
+    .await;
     assert!(err.contains("starting the module standalone"), "{err}");
 }
 
@@ -184,8 +188,11 @@ async fn a_module_with_another_environment_starts_standalone() {
     d.healthy("alpha", 0).await;
     let info = info(&d, "alpha").await;
     assert_eq!(info["forked"], false, "{info}");
-    let err =
-        std::fs::read_to_string(d.session().join("logs/dashboard_alpha.err")).expect("shim's log");
+    let err = file_with(
+        &d.session().join("logs/dashboard_alpha.err"),
+        "SOME_SETTING",
+    )
+    .await;
     assert!(
         err.contains("refused") && err.contains("SOME_SETTING"),
         "{err}"
@@ -347,8 +354,7 @@ async fn a_zygote_with_a_thread_does_not_fork() {
     assert_eq!(info["forked"], false, "{info}");
     let z = d.module("Z").await;
     assert_ne!(z["state"], "healthy", "{z}");
-    let err =
-        std::fs::read_to_string(d.session().join("logs/dashboard_Z.err")).expect("zygote's log");
+    let err = file_with(&d.session().join("logs/dashboard_Z.err"), "threads running").await;
     assert!(err.contains("threads running"), "{err}");
 }
 

@@ -123,8 +123,11 @@ async fn a_linked_module_log_is_refused_and_the_module_still_runs() {
         std::fs::read_to_string(&outside).expect("outside"),
         "SECRET of the host's user\n"
     );
-    let out = std::fs::read_to_string(session.join("logs/dashboard_tm.out")).expect("out log");
-    assert!(out.contains("test-module ready"), "{out}");
+    let out = || std::fs::read_to_string(session.join("logs/dashboard_tm.out")).unwrap_or_default();
+    let ready = eventually(WAIT, || async {
+        out().contains("test-module ready").then_some(())
+    });
+    assert!(ready.await.is_some(), "{}", out());
     let refused = eventually(WAIT, || async {
         let log = d.log();
         log.lines()

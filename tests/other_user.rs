@@ -245,3 +245,44 @@ async fn another_users_sockets_folder_gets_no_request_and_no_module() {
         d.log()
     );
 }
+
+/// Another user's link where a module's log goes, to a file of the host's
+/// user: nothing is written through it, the module runs without that log,
+/// and the refusal is logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_users_link_as_a_module_log_is_not_written_through() {
+    require_root();
+    let (tmp, session) = ray_like_session();
+    let logs = session.join("logs");
+    std::fs::create_dir(&logs).expect("logs");
+    chmod(&logs, 0o777);
+    let target = tmp.path().join("operator.txt");
+    std::fs::write(&target, "the operator's file\n").expect("target");
+    run_as_other(
+        "ln",
+        &[Path::new("-s"), &target, &logs.join("dashboard_tm.err")],
+    );
+    let d = dashd()
+        .module(test_module("tm"))
+        .session_dir(&session)
+        .start();
+    d.healthy("tm", 0).await;
+    let refused = eventually(WAIT, || async {
+        d.log()
+            .lines()
+            .find(|l| l.contains("module log file refused") && l.contains("dashboard_tm.err"))
+            .map(str::to_owned)
+    })
+    .await;
+    assert!(refused.is_some(), "no refusal logged:\n{}", d.log());
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("target"),
+        "the operator's file\n"
+    );
+    // The module's stdout still reaches its own log.
+    let out = || std::fs::read_to_string(logs.join("dashboard_tm.out")).unwrap_or_default();
+    let ready = eventually(WAIT, || async {
+        out().contains("test-module ready").then_some(())
+    });
+    assert!(ready.await.is_some(), "{}", out());
+}

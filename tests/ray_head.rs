@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::{dashd, eventually, kill, proc_stat, process_gone, Dashd, DashdBuilder};
+use crate::support::{
+    dashd, eventually, file_with, kill, proc_stat, process_gone, Dashd, DashdBuilder,
+};
 
 /// Ray's nine default subprocess modules (the same in 2.45 through 2.60).
 pub(crate) const RAY_MODULES: [&str; 9] = [
@@ -491,8 +493,11 @@ async fn ray_cli_works_through_ray_dashd() {
         (Some(0), Some(0)),
         "{zygote:#}"
     );
-    let zygote_log = std::fs::read_to_string(head.session().join("logs/dashboard_RayZygote.err"))
-        .expect("the zygote's log");
+    let zygote_log = file_with(
+        &head.session().join("logs/dashboard_RayZygote.err"),
+        "zygote: preloaded",
+    )
+    .await;
     assert_eq!(
         zygote_log.matches("zygote: preloaded").count(),
         1,

@@ -6,7 +6,9 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::{client, command_module, dashd, eventually, kill, test_module, WAIT};
+use crate::support::{
+    client, command_module, dashd, eventually, file_with, kill, test_module, WAIT,
+};
 
 fn pid_of(report: &Value) -> u64 {
     report["pid"].as_u64().expect("pid")
@@ -448,12 +450,12 @@ async fn module_gets_contract_env_and_log_files() {
     kill(pid_of(&report), Signal::SIGKILL);
     d.healthy("tm", 1).await;
     let logs = d.session().join("logs");
-    let out = std::fs::read_to_string(logs.join("dashboard_tm.out")).expect("out log");
+    let out = file_with(&logs.join("dashboard_tm.out"), "incarnation=1").await;
     assert!(
         out.contains("incarnation=0") && out.contains("incarnation=1"),
         "{out}"
     );
-    let err = std::fs::read_to_string(logs.join("dashboard_tm.err")).expect("err log");
+    let err = file_with(&logs.join("dashboard_tm.err"), "incarnation=1").await;
     assert!(
         err.contains("test-module stderr line incarnation=1"),
         "{err}"

@@ -658,3 +658,12 @@ while True:
     let hex: String = answer.iter().map(|b| format!("{b:02x}")).collect();
     command_module(name, &[&python, "-c", SERVER]).env("RAW_ANSWER_HEX", &hex)
 }
+
+/// The text of `path` once it holds `needle`, waiting at most [`WAIT`]: a
+/// module's output reaches its `.out`/`.err` through the host's pipe, a
+/// moment after the module wrote it. Panics with the text it had.
+pub async fn file_with(path: &Path, needle: &str) -> String {
+    let read = || std::fs::read_to_string(path).unwrap_or_default();
+    let found = eventually(WAIT, || async { read().contains(needle).then(read) }).await;
+    found.unwrap_or_else(|| panic!("{} never held {needle:?}:\n{}", path.display(), read()))
+}

@@ -218,3 +218,78 @@ fn the_kuberay_head_runs_as_written() {
         Some("false")
     );
 }
+
+/// The README's Ray recipe (the `sh` block under "With Ray"): `ray start`
+/// and `ray job submit` take every flag it gives them, and ray-dashd's
+/// command line loads. (tests/install.rs runs the same steps for real, on
+/// private ports.)
+#[test]
+fn the_readme_ray_recipe_runs_as_written() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("\n## With Ray\n")
+        .nth(1)
+        .expect("a With Ray section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("an sh block in With Ray");
+    let lines: Vec<Vec<String>> = block
+        .lines()
+        .map(|l| {
+            l.split('#')
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(|w| w.trim_end_matches('&').to_owned())
+                .filter(|w| !w.is_empty())
+                .collect()
+        })
+        .collect();
+    let find = |program: &str, sub: &str| {
+        lines
+            .iter()
+            .find(|l| l[0].ends_with(program) && l.get(1).map(String::as_str) == Some(sub))
+            .unwrap_or_else(|| panic!("no `{program} {sub}` in the recipe:\n{block}"))
+    };
+    let help = ray_start_help();
+    let start = find("/ray", "start");
+    for arg in start.iter().skip(2) {
+        let name = arg.trim_start_matches("--");
+        assert_ray_start_flag(&help, name.split('=').next().expect("a name"));
+    }
+    assert!(
+        start
+            .iter()
+            .any(|a| a.starts_with("--ray-client-server-port=")
+                && a != "--ray-client-server-port=10001"),
+        "{start:?}"
+    );
+    let dashd = lines
+        .iter()
+        .find(|l| l[0].ends_with("/ray-dashd"))
+        .expect("a ray-dashd line");
+    let out = Command::new(env!("CARGO_BIN_EXE_ray-dashd"))
+        .args(&dashd[1..])
+        .arg("--check-config")
+        .output()
+        .expect("ray-dashd --check-config");
+    assert!(out.status.success(), "{dashd:?}: {out:?}");
+    let submit = find("/ray", "job");
+    let ray = ray_python().with_file_name("ray");
+    let out = Command::new(&ray)
+        .args(["job", "submit", "--help"])
+        .output()
+        .expect("ray job submit --help");
+    let submit_help = String::from_utf8_lossy(&out.stdout);
+    for arg in submit.iter().skip(3).take_while(|a| *a != "--") {
+        if arg.starts_with("--") {
+            assert!(
+                submit_help.contains(arg.as_str()),
+                "`ray job submit` has no {arg}"
+            );
+        }
+    }
+}

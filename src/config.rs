@@ -7,24 +7,22 @@
 //! types here; [`effective`] writes them back out as TOML.
 
 mod effective;
+pub(crate) mod hosts;
 mod raw;
+pub mod ray;
 mod validate;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::Method;
-use serde::{Deserialize, Serialize};
-
 use crate::cli::Cli;
 use crate::error::ConfigError;
-use crate::ray::RaySettings;
+use crate::routes::RouteSpec;
 use crate::supervisor::CgroupMode;
 use raw::{parse, RawConfig, RawModules};
-pub(crate) use validate::normalize_pattern;
+use ray::RaySettings;
 use validate::Validator;
 
 /// The configuration used when `--config` is absent (`config/default.toml`).
@@ -190,39 +188,6 @@ impl Default for Supervision {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
         }
-    }
-}
-
-/// One route a module serves.
-#[derive(Debug, Clone)]
-pub struct RouteSpec {
-    /// The HTTP method (a `GET` route also answers `HEAD`).
-    pub method: Method,
-    /// The path pattern, aiohttp style: `/api/jobs/{job_id}`.
-    pub path: String,
-    /// How the host forwards it.
-    pub kind: RouteKind,
-}
-
-/// How the host forwards a route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RouteKind {
-    /// A request and a response, with a deadline for the response to start.
-    Http,
-    /// A long-lived response streamed chunk by chunk, with no deadline.
-    Stream,
-    /// A websocket, relayed message by message.
-    Websocket,
-}
-
-impl fmt::Display for RouteKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            RouteKind::Http => "http",
-            RouteKind::Stream => "stream",
-            RouteKind::Websocket => "websocket",
-        })
     }
 }
 

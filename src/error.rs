@@ -69,9 +69,10 @@ pub enum StartupError {
     #[error("ray: {0}")]
     Ray(String),
     /// Ray's token mode is on and ray-dashd cannot check tokens: it will
-    /// not serve without them.
+    /// not serve without them. A `ray::auth::TokenError`, boxed so that
+    /// this bottom layer names nothing of Ray's.
     #[error(transparent)]
-    TokenAuth(#[from] crate::ray::auth::TokenError),
+    TokenAuth(Box<dyn std::error::Error + Send + Sync>),
     /// The async runtime or its signal handlers could not be set up.
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -259,6 +260,21 @@ impl IntoResponse for ProxyError {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         response
     }
+}
+
+/// An error and its causes, joined with `: `.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@
 pub mod builtin;
 pub mod cli;
 pub mod config;
+pub mod connection;
 pub mod descriptors;
 pub mod error;
 pub mod guard;

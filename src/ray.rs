@@ -24,13 +24,19 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::builtin;
+use crate::config::ray::{RayLaunch, RayModules, RayPython};
 use crate::config::Config;
 use crate::error::StartupError;
 use crate::session::Session;
 use crate::supervisor::EarlyStart;
 use auth::Token;
 use gcs::{GcsClient, GcsStatus, Watcher};
-use python::RayPython;
+
+impl From<auth::TokenError> for StartupError {
+    fn from(error: auth::TokenError) -> StartupError {
+        StartupError::TokenAuth(Box::new(error))
+    }
+}
 
 /// The launcher's files, written to `<session>/ray_dashd/` at start-up.
 const FILES: &[(&str, &str)] = &[
@@ -51,71 +57,8 @@ const FILES: &[(&str, &str)] = &[
 /// How long reading Ray's route table may take (it imports Ray and the
 /// nine module files: about 3 s on 2 cores).
 const ROUTES_TIMEOUT: Duration = Duration::from_secs(120);
-/// Default of `[ray] gcs_gone_secs`: how long the GCS may stay unreachable
-/// before the head counts as gone. Ray's own processes give up on a GCS
-/// after the same time (`gcs_rpc_server_reconnect_timeout_s`).
-pub const GCS_GONE_AFTER: Duration = Duration::from_secs(60);
-
-/// When to host Ray's modules.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RayModules {
-    /// When the session folder belongs to a Ray head (its temp dir names a
-    /// GCS in `ray_current_cluster`) and `python` can import Ray.
-    #[default]
-    Auto,
-    /// Always; a failure to read Ray's routes stops ray-dashd.
-    On,
-    /// Never.
-    Off,
-}
-
-/// How Ray's modules are started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RayLaunch {
-    /// Forked from one Python process that preloaded Ray and the module
-    /// classes (`zygote.py`), each through a `ray-dashd fork-shim`; a module
-    /// the zygote cannot fork starts standalone.
-    #[default]
-    Fork,
-    /// Each module its own `python launcher.py <ClassName>`.
-    Standalone,
-}
-
-/// The `[ray]` settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RaySettings {
-    /// When to host Ray's modules.
-    pub modules: RayModules,
-    /// The Python that has `ray` installed, when one is named; else one is
-    /// found at start-up ([`python::find`]).
-    pub python: Option<RayPython>,
-    /// The Ray Client proxy's port; 0: no proxy.
-    pub client_port: u16,
-    /// How long the head's GCS may stay unreachable before ray-dashd stops.
-    pub gcs_gone_after: Duration,
-    /// How the modules are started.
-    pub launch: RayLaunch,
-}
-
-/// The port Ray clients connect to (`ray://head:10001`).
-pub const DEFAULT_CLIENT_PORT: u16 = 10001;
-
 /// The name of the Ray Client proxy module.
 pub const CLIENT_PROXY_MODULE: &str = "ray_client_proxy";
-
-impl Default for RaySettings {
-    fn default() -> Self {
-        RaySettings {
-            modules: RayModules::Auto,
-            python: None,
-            client_port: DEFAULT_CLIENT_PORT,
-            gcs_gone_after: GCS_GONE_AFTER,
-            launch: RayLaunch::Fork,
-        }
-    }
-}
 
 /// The module name of Ray's zygote (not a Ray class name, so its socket is
 /// none that a Ray module uses). `routes.py`'s `ZYGOTE_MODULE` is the same:

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::RouteKind;
+use super::ray::{RayLaunch, RayModules};
 use crate::error::ConfigError;
-use crate::ray::{RayLaunch, RayModules};
+use crate::routes::RouteKind;
 use crate::supervisor::CgroupMode;
 
 /// A config file. Tables come after the top-level keys, as TOML needs them

@@ -1,9 +1,8 @@
 //! Unit tests of loading and validating the config.
 
 use super::raw::line_column;
+use super::ray::{PythonSource, RayLaunch, RayModules, RayPython, RaySettings};
 use super::*;
-use crate::ray::python::{PythonSource, RayPython};
-use crate::ray::{RayLaunch, RayModules};
 use clap::Parser;
 
 fn cli(args: &[&str]) -> Cli {
@@ -407,15 +406,6 @@ fn ray_settings_default_to_auto_with_no_python_named() {
     assert!(load("[ray]\nlaunch = \"spawn\"\n").is_err());
 }
 
-#[test]
-fn normalized_patterns_ignore_parameter_names() {
-    assert_eq!(
-        normalize_pattern("/a/{x}/b/{y}"),
-        normalize_pattern("/a/{id}/b/{z}")
-    );
-    assert_ne!(normalize_pattern("/a/{x}"), normalize_pattern("/a/x"));
-}
-
 /// `--ray-python` (or its variable) wins over `[ray] python`, and an
 /// empty name is refused naming the field.
 #[test]
@@ -620,4 +610,37 @@ fn client_connection_cap_is_derived_unless_set() {
         msg.starts_with("config test.toml: server.cgroups: ") && msg.contains("auto"),
         "{msg}"
     );
+}
+
+/// Bad `server.allowed_hosts` and `allowed_origins` entries are config
+/// errors naming the file and the entry; an origin listed twice is kept once.
+#[test]
+fn bad_allowed_entries_are_config_errors_naming_file_and_field() {
+    let cli = cli(&[]);
+    for (text, field) in [
+        (
+            "[server]\nallowed_hosts = [\"ok.example\", \"a:1\"]\n",
+            "server.allowed_hosts[1]",
+        ),
+        (
+            "[server]\nallowed_origins = [\"*\"]\n",
+            "server.allowed_origins[0]",
+        ),
+    ] {
+        let error = Config::from_toml("t.toml", text, &cli)
+            .expect_err(text)
+            .to_string();
+        assert!(
+            error.starts_with(&format!("config t.toml: {field}: ")),
+            "{error}"
+        );
+    }
+    let config = Config::from_toml(
+        "t.toml",
+        "[server]\nallowed_origins = [\"https://a.example\", \"HTTPS://A.example:443\"]\n",
+        &cli,
+    )
+    .expect("valid");
+    assert_eq!(config.server.allowed_origins, ["https://a.example"]);
+    assert!(config.server.allowed_hosts.is_empty());
 }

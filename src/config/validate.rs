@@ -1,22 +1,23 @@
 //! Validation: raw values from the file (and the command line) checked and
 //! turned into typed settings, each error naming the file and the field.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use http::Method;
 
+use super::hosts::{allowed_host, allowed_origin};
 use super::raw::{RawConfig, RawModule, RawSupervision};
+use super::ray::{PythonSource, RayPython, RaySettings, DEFAULT_CLIENT_PORT, GCS_GONE_AFTER};
 use super::{
-    Config, ModuleSpec, RouteKind, RouteSpec, ServerSettings, Supervision,
-    DEFAULT_CLIENT_IDLE_TIMEOUT, HOST_PATHS, MIN_HEADER_BYTES,
+    Config, ModuleSpec, ServerSettings, Supervision, DEFAULT_CLIENT_IDLE_TIMEOUT, HOST_PATHS,
+    MIN_HEADER_BYTES,
 };
 use crate::cli::Cli;
 use crate::error::ConfigError;
-use crate::ray::python::{PythonSource, RayPython};
-use crate::ray::RaySettings;
+use crate::routes::{normalize_pattern, Lookup, RouteKind, RouteSpec, RouteTable};
 
 pub(super) struct Validator<'a> {
     pub(super) origin: &'a str,
@@ -76,15 +77,11 @@ impl Validator<'_> {
                 Some(0) => return Err(self.invalid("server.worker_threads", "must be at least 1")),
                 Some(n) => n,
             },
-            allowed_hosts: self.list(
-                "server.allowed_hosts",
-                s.allowed_hosts,
-                crate::guard::allowed_host,
-            )?,
+            allowed_hosts: self.list("server.allowed_hosts", s.allowed_hosts, allowed_host)?,
             allowed_origins: self.list(
                 "server.allowed_origins",
                 s.allowed_origins,
-                crate::guard::allowed_origin,
+                allowed_origin,
             )?,
             // Zero would refuse every client, health checks included.
             max_connections: match s.max_connections {
@@ -111,11 +108,11 @@ impl Validator<'_> {
                 client_port: cli
                     .ray_client_port
                     .or(raw.ray.client_port)
-                    .unwrap_or(crate::ray::DEFAULT_CLIENT_PORT),
+                    .unwrap_or(DEFAULT_CLIENT_PORT),
                 gcs_gone_after: match self.secs(
                     "ray.gcs_gone_secs",
                     raw.ray.gcs_gone_secs,
-                    crate::ray::GCS_GONE_AFTER,
+                    GCS_GONE_AFTER,
                 )? {
                     Duration::ZERO => {
                         return Err(self.invalid("ray.gcs_gone_secs", "must be more than 0"))
@@ -414,19 +411,11 @@ impl HostPaths {
     /// its parameters filled from the route's segment at the same place,
     /// matches both; the route side is checked by the proxy's own matcher.
     fn shadowed_by(&self, route: &RouteSpec) -> Option<&'static str> {
-        let probe = ModuleSpec {
-            name: String::new(),
-            program: String::new(),
-            args: Vec::new(),
-            env: BTreeMap::new(),
-            routes: vec![route.clone()],
-            supervision: Supervision::default(),
-        };
-        let table = crate::routes::RouteTable::new(std::slice::from_ref(&probe));
+        let table = RouteTable::new([std::slice::from_ref(route)]);
         self.0.iter().find_map(|(host_path, matcher)| {
             let path = overlap_probe(&route.path, host_path);
-            let shadowed = matcher.at(&path).is_ok()
-                && table.lookup(&route.method, &path) != crate::routes::Lookup::NotFound;
+            let shadowed =
+                matcher.at(&path).is_ok() && table.lookup(&route.method, &path) != Lookup::NotFound;
             shadowed.then_some(*host_path)
         })
     }
@@ -493,21 +482,4 @@ pub(super) fn check_pattern(path: &str) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// The pattern with every parameter renamed by position, so that
-/// `/a/{x}` and `/a/{y}` count as the same path.
-pub(crate) fn normalize_pattern(path: &str) -> String {
-    let mut n = 0;
-    path.split('/')
-        .map(|segment| {
-            if segment.starts_with('{') {
-                n += 1;
-                format!("{{p{n}}}")
-            } else {
-                segment.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("/")
 }

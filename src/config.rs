@@ -17,10 +17,11 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::cli::Cli;
 use crate::error::ConfigError;
 use crate::routes::RouteSpec;
-use crate::supervisor::CgroupMode;
 use raw::{parse, RawConfig, RawModules};
 use ray::RaySettings;
 use validate::Validator;
@@ -86,6 +87,19 @@ pub struct ServerSettings {
     /// Whether each module incarnation runs in a cgroup of its own, killed
     /// whole when the incarnation ends.
     pub cgroups: CgroupMode,
+}
+
+/// Whether module incarnations run in cgroups of their own
+/// (`server.cgroups`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupMode {
+    /// Where cgroup v2 is mounted and the host's own cgroup is writable.
+    #[default]
+    Auto,
+    /// Never: descendants are found through `/proc` only, and those in
+    /// other sessions outlive a SIGKILL of the host.
+    Off,
 }
 
 /// One module: how to start it, how to supervise it and which routes it serves.

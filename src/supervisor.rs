@@ -24,7 +24,7 @@ mod spawn;
 mod state;
 mod task;
 
-pub use cgroup::{run_warden, CgroupMode, WARDEN_FLAG};
+pub use cgroup::{run_warden, WARDEN_FLAG};
 pub use containment::contain;
 
 use std::collections::HashMap;

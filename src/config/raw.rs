@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::ray::{RayLaunch, RayModules};
+use super::CgroupMode;
 use crate::error::ConfigError;
 use crate::routes::RouteKind;
-use crate::supervisor::CgroupMode;
 
 /// A config file. Tables come after the top-level keys, as TOML needs them
 /// to when written out (`--check-config`).

@@ -205,33 +205,6 @@ impl Default for Supervision {
     }
 }
 
-/// Paths the host answers itself, as its router (axum's, matchit patterns:
-/// `{name}` is one segment, `{*rest}` the rest of the path) writes them. A
-/// request is looked up among the module routes first, so no module route
-/// may match any of these, whatever its method.
-pub const HOST_PATHS: &[&str] = &[
-    // ray-dashd's own API (server.rs).
-    "/api/healthz",
-    "/api/modules",
-    "/api/modules/{name}",
-    "/api/modules/{name}/restart",
-    crate::server::STATUS_PATH,
-    // ray-dashd's UI, its only place when Ray's own UI is served at `/`.
-    "/dashd",
-    "/dashd/{*path}",
-    // What Ray's dashboard parent serves (when Ray's modules are hosted):
-    // its web UI (server.rs) and its own routes (ray/parent.rs).
-    "/",
-    "/favicon.ico",
-    "/static/{*path}",
-    crate::ray::parent::GCS_HEALTH_PATH,
-    "/timezone",
-    "/api/authentication_mode",
-    "/api/authenticate",
-    "/usage_stats_enabled",
-    "/cluster_id",
-];
-
 /// Largest request-head size accepted: hyper needs at least 8 KiB.
 const MIN_HEADER_BYTES: usize = 8 * 1024;
 

@@ -304,7 +304,7 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         launcher_dir.join("launcher.py").into(),
         // The host answers it from its cached check (see `gcs`).
         "--omit".into(),
-        parent::GCS_HEALTH_PATH.into(),
+        crate::routes::host::GCS_HEALTH_PATH.into(),
     ];
     let routes = launcher_dir.join("routes.py");
     // Both import Ray (most of their time): run them at once.

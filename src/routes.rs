@@ -2,6 +2,8 @@
 //! the table that finds which module serves a method and path. The bottom
 //! layer with the config: it names no other part of the host.
 
+pub mod host;
+
 use std::fmt;
 
 use http::Method;

@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -32,6 +32,7 @@ use crate::descriptors::ClientStream;
 use crate::guard::{Guard, Refusal};
 use crate::proxy::{is_send_timeout, Proxy, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
+use crate::routes::host::{ApiRoute, HostHandler, RayUiRoute, HOST_ROUTES};
 use crate::routes::Lookup;
 use crate::supervisor::Supervisor;
 
@@ -75,28 +76,26 @@ pub struct AppState {
 #[folder = "static/"]
 struct Assets;
 
-/// The host's routes, with the proxy (then the UI) behind them.
+/// The host's routes ([`HOST_ROUTES`]), with the proxy (then the UI)
+/// behind them.
 pub fn router(state: AppState) -> Router {
-    let mut router = Router::new()
-        .route("/api/healthz", get(healthz))
-        .route("/api/modules", get(list_modules))
-        .route("/api/modules/{name}", get(show_module))
-        .route("/api/modules/{name}/restart", post(restart_module))
-        .route(STATUS_PATH, get(status));
-    if let Some(ray) = &state.ray {
-        if let Some(ui) = &ray.ui_dir {
+    let ray_ui = state.ray.as_ref().and_then(|ray| ray.ui_dir.clone());
+    let mut router = Router::new();
+    for route in HOST_ROUTES {
+        router = match route.handler {
+            HostHandler::Api(api) => router.route(route.path, api_handler(api)),
+            // The fallback serves the UI's files.
+            HostHandler::Ui => router,
             // Ray's own UI takes `/`; ours stays at `/dashd/`.
-            let index = ServeFile::new(ui.join("index.html"));
-            router = router
-                .route_service(
-                    "/",
-                    tower::ServiceBuilder::new()
-                        .layer(no_store())
-                        .service(index),
-                )
-                .route_service("/favicon.ico", ServeFile::new(ui.join("favicon.ico")))
-                .nest_service("/static", ServeDir::new(ui.join("static")));
-        }
+            HostHandler::RayUi(part) => match &ray_ui {
+                Some(ui) => ray_ui_route(router, route.path, part, ui),
+                None => router,
+            },
+            // Below, with their own state.
+            HostHandler::RayParent(_) => router,
+        };
+    }
+    if let Some(ray) = &state.ray {
         router = router.merge(ray::parent::routes(Arc::clone(ray)));
     }
     router
@@ -104,6 +103,41 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
         // Outermost, so every request, proxied or not, gets a span.
         .layer(TraceLayer::new_for_http())
+}
+
+/// The handler of a route of the host's API.
+fn api_handler(route: ApiRoute) -> MethodRouter<AppState> {
+    match route {
+        ApiRoute::Healthz => get(healthz),
+        ApiRoute::Modules => get(list_modules),
+        ApiRoute::Module => get(show_module),
+        ApiRoute::RestartModule => post(restart_module),
+        ApiRoute::Status => get(status),
+    }
+}
+
+/// Adds the route of `part` of Ray's web UI, in the folder `ui`, at `path`.
+fn ray_ui_route(
+    router: Router<AppState>,
+    path: &'static str,
+    part: RayUiRoute,
+    ui: &std::path::Path,
+) -> Router<AppState> {
+    match part {
+        RayUiRoute::Index => router.route_service(
+            path,
+            tower::ServiceBuilder::new()
+                .layer(no_store())
+                .service(ServeFile::new(ui.join("index.html"))),
+        ),
+        RayUiRoute::Favicon => router.route_service(path, ServeFile::new(ui.join("favicon.ico"))),
+        // Nested, so that the folder sees the path below the prefix.
+        RayUiRoute::Static => router.nest_service(
+            path.strip_suffix("/{*path}")
+                .expect("UNWRAP: the static folder's route ends in a catch-all"),
+            ServeDir::new(ui.join("static")),
+        ),
+    }
 }
 
 /// `Cache-Control: no-store`, as Ray sends its `index.html`.
@@ -114,9 +148,6 @@ fn no_store() -> SetResponseHeaderLayer<HeaderValue> {
 async fn healthz() -> impl IntoResponse {
     ([(header::CACHE_CONTROL, "no-store")], "success")
 }
-
-/// The host's own status beyond its modules, for the UI's overview.
-pub const STATUS_PATH: &str = "/api/dashd/status";
 
 /// `{"ray": …}`: whether Ray's modules are hosted, and if not why.
 async fn status(State(state): State<AppState>) -> impl IntoResponse {
@@ -453,5 +484,86 @@ pub async fn serve(
         _ = tokio::time::sleep(settings.shutdown_grace) => {
             warn!(grace_ms = settings.shutdown_grace.as_millis() as u64, "drain timed out");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Cli;
+    use crate::config::Config;
+    use crate::ray::gcs::GcsStatus;
+    use clap::Parser;
+
+    /// The router of a host with Ray's modules hosted and Ray's web UI in
+    /// `ui`, and no module of its own.
+    fn router_with_ray_ui(ui: &std::path::Path) -> Router {
+        let config = Config::builtin(&Cli::parse_from(["ray-dashd"])).expect("config");
+        let parent = RayParent {
+            ray_version: "2.60.0".to_owned(),
+            ui_dir: Some(ui.to_path_buf()),
+            timezone: serde_json::json!({ "offset": "+00:00", "value": "UTC" }),
+            token: None,
+            usage_stats_enabled: false,
+            usage_stats_prompt_enabled: false,
+            gcs: GcsStatus::default(),
+        };
+        router(AppState {
+            supervisor: Arc::new(Supervisor::without_modules()),
+            proxy: Arc::new(Proxy::new(Vec::new(), config.server)),
+            ray: Some(Arc::new(parent)),
+            ray_status: Arc::new(ray::RayStatus {
+                state: "hosted",
+                message: String::new(),
+                python: None,
+                python_source: None,
+                ray_version: Some("2.60.0".to_owned()),
+            }),
+        })
+    }
+
+    async fn get(router: &Router, path: &str) -> (StatusCode, String) {
+        let request = Request::get(path).body(Body::empty()).expect("request");
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Every path the host declares is answered by its router, none by the
+    /// fallback's "no route" (with Ray's modules and web UI, when all are
+    /// served), and Ray's UI paths by Ray's files: what the config keeps
+    /// module routes off is what the router serves.
+    #[tokio::test]
+    async fn the_router_serves_every_reserved_path() {
+        let ui = tempfile::tempdir().expect("tempdir");
+        std::fs::write(ui.path().join("index.html"), "ray's index").expect("write");
+        std::fs::write(ui.path().join("favicon.ico"), "ray's icon").expect("write");
+        std::fs::create_dir(ui.path().join("static")).expect("mkdir");
+        std::fs::write(ui.path().join("static/probe.js"), "ray's static").expect("write");
+        let router = router_with_ray_ui(ui.path());
+        for route in HOST_ROUTES {
+            let rest = match route.handler {
+                HostHandler::RayUi(_) => "probe.js",
+                _ => "index.html",
+            };
+            let path = route.path.replace("{*path}", rest).replace("{name}", "x");
+            let (status, body) = get(&router, &path).await;
+            assert!(
+                !(status == StatusCode::NOT_FOUND && body.contains("no route for")),
+                "{} ({path}) is not served: {status} {body}",
+                route.path
+            );
+            if let HostHandler::RayUi(_) = route.handler {
+                assert_eq!(status, StatusCode::OK, "{path}");
+                assert!(body.starts_with("ray's "), "{path}: {body}");
+            }
+        }
+        // The probe can tell: a path nobody declared is the fallback's.
+        let (status, body) = get(&router, "/api/not_a_host_path").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body.contains("no route for"), "{body}");
     }
 }

@@ -361,6 +361,16 @@ impl Supervisor {
         }
     }
 
+    /// A supervisor of no modules that runs no task, for router tests.
+    #[cfg(test)]
+    pub(crate) fn without_modules() -> Supervisor {
+        Supervisor {
+            modules: Vec::new(),
+            tracker: TaskTracker::new(),
+            stop: CancellationToken::new(),
+        }
+    }
+
     /// Every module, in configuration order.
     pub fn modules(&self) -> &[ModuleHandle] {
         &self.modules

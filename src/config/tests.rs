@@ -100,6 +100,18 @@ fn module_may_not_claim_host_paths() {
     assert!(msg.contains("ray-dashd (host)"), "{msg}");
 }
 
+/// A module route at each of the host's paths is refused, naming it.
+#[test]
+fn every_host_path_is_kept_from_module_routes() {
+    for host_path in crate::routes::host::HOST_PATHS {
+        let path = host_path.replace("{*path}", "x");
+        let msg = load(&module_with_route("GET", &path))
+            .expect_err(&path)
+            .to_string();
+        assert!(msg.contains(&format!("shadow {host_path},")), "{msg}");
+    }
+}
+
 fn module_with_route(method: &str, path: &str) -> String {
     format!(
         "[[modules]]\nname = \"shadow\"\ncommand = [\"x\"]\nroutes = [{{ method = \"{method}\", path = \"{path}\", type = \"http\" }}]\n"

@@ -12,11 +12,11 @@ use super::hosts::{allowed_host, allowed_origin};
 use super::raw::{RawConfig, RawModule, RawSupervision};
 use super::ray::{PythonSource, RayPython, RaySettings, DEFAULT_CLIENT_PORT, GCS_GONE_AFTER};
 use super::{
-    Config, ModuleSpec, ServerSettings, Supervision, DEFAULT_CLIENT_IDLE_TIMEOUT, HOST_PATHS,
-    MIN_HEADER_BYTES,
+    Config, ModuleSpec, ServerSettings, Supervision, DEFAULT_CLIENT_IDLE_TIMEOUT, MIN_HEADER_BYTES,
 };
 use crate::cli::Cli;
 use crate::error::ConfigError;
+use crate::routes::host::HOST_PATHS;
 use crate::routes::{normalize_pattern, Lookup, RouteKind, RouteSpec, RouteTable};
 
 pub(super) struct Validator<'a> {

@@ -75,7 +75,7 @@ pub struct ServerSettings {
     /// cheapest per request when the modules behind need the other cores.
     pub worker_threads: usize,
     /// Host names (lowercase, no port) answered besides loopback ones; when
-    /// set, `Host` is checked whatever address is bound (see [`crate::guard`]).
+    /// set, `Host` is checked whatever address is bound (see `server::guard`).
     pub allowed_hosts: Vec<String>,
     /// Origins (`scheme://host[:port]`, lowercase, no default port) whose
     /// pages may open websockets and send writes besides this server's own.

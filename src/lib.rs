@@ -25,7 +25,6 @@ pub mod config;
 pub mod connection;
 pub mod descriptors;
 pub mod error;
-pub mod guard;
 pub mod logging;
 pub mod proxy;
 pub mod ray;
@@ -231,7 +230,7 @@ pub async fn run(
     ));
     // The address actually bound decides whether Host is checked.
     let bound = listener.local_addr().map_or(config.host, |a| a.ip());
-    let guard = guard::Guard::new(&config.server, bound, ray.is_some());
+    let guard = server::guard::Guard::new(&config.server, bound, ray.is_some());
     let service = server::Dispatch::new(
         AppState {
             supervisor: Arc::clone(&supervisor),

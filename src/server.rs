@@ -1,7 +1,14 @@
-//! The HTTP server: the host's own routes, the static UI, the proxy as the
-//! fallback, and the accept loop with its limits and graceful drain.
+//! The HTTP server, the top layer below `lib.rs`: the service every
+//! connection runs ([`Dispatch`]: the request [`guard`], then a module
+//! route straight to the proxy, else the host's [`router`]), the router
+//! built from the host's routes (its API in `api.rs`, the UI's files in
+//! `assets.rs`), and the accept loop with its limits and graceful drain
+//! (`accept.rs`).
 
 mod accept;
+mod api;
+mod assets;
+pub mod guard;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -10,11 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use axum::extract::State;
+use axum::http::Request;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, MethodRouter};
-use axum::{Json, Router};
+use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -22,19 +28,17 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
-use tower_http::services::{ServeDir, ServeFile};
-use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 use tracing::{debug, info, warn};
 
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
-use crate::guard::{Guard, Refusal};
 use crate::proxy::{is_send_timeout, Proxy, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
-use crate::routes::host::{ApiRoute, HostHandler, RayUiRoute, HOST_ROUTES};
+use crate::routes::host::{HostHandler, HOST_ROUTES};
 use crate::routes::Lookup;
 use crate::supervisor::Supervisor;
+use guard::{Guard, Refusal};
 
 /// How long a client may take to send a request's head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -71,11 +75,6 @@ pub struct AppState {
     pub ray_status: Arc<ray::RayStatus>,
 }
 
-/// The UI, built into the binary from `static/`.
-#[derive(rust_embed::RustEmbed)]
-#[folder = "static/"]
-struct Assets;
-
 /// The host's routes ([`HOST_ROUTES`]), with the proxy (then the UI)
 /// behind them.
 pub fn router(state: AppState) -> Router {
@@ -83,12 +82,12 @@ pub fn router(state: AppState) -> Router {
     let mut router = Router::new();
     for route in HOST_ROUTES {
         router = match route.handler {
-            HostHandler::Api(api) => router.route(route.path, api_handler(api)),
+            HostHandler::Api(api) => router.route(route.path, api::handler(api)),
             // The fallback serves the UI's files.
             HostHandler::Ui => router,
             // Ray's own UI takes `/`; ours stays at `/dashd/`.
             HostHandler::RayUi(part) => match &ray_ui {
-                Some(ui) => ray_ui_route(router, route.path, part, ui),
+                Some(ui) => assets::ray_ui_route(router, route.path, part, ui),
                 None => router,
             },
             // Below, with their own state.
@@ -105,170 +104,17 @@ pub fn router(state: AppState) -> Router {
         .layer(TraceLayer::new_for_http())
 }
 
-/// The handler of a route of the host's API.
-fn api_handler(route: ApiRoute) -> MethodRouter<AppState> {
-    match route {
-        ApiRoute::Healthz => get(healthz),
-        ApiRoute::Modules => get(list_modules),
-        ApiRoute::Module => get(show_module),
-        ApiRoute::RestartModule => post(restart_module),
-        ApiRoute::Status => get(status),
-    }
-}
-
-/// Adds the route of `part` of Ray's web UI, in the folder `ui`, at `path`.
-fn ray_ui_route(
-    router: Router<AppState>,
-    path: &'static str,
-    part: RayUiRoute,
-    ui: &std::path::Path,
-) -> Router<AppState> {
-    match part {
-        RayUiRoute::Index => router.route_service(
-            path,
-            tower::ServiceBuilder::new()
-                .layer(no_store())
-                .service(ServeFile::new(ui.join("index.html"))),
-        ),
-        RayUiRoute::Favicon => router.route_service(path, ServeFile::new(ui.join("favicon.ico"))),
-        // Nested, so that the folder sees the path below the prefix.
-        RayUiRoute::Static => router.nest_service(
-            path.strip_suffix("/{*path}")
-                .expect("UNWRAP: the static folder's route ends in a catch-all"),
-            ServeDir::new(ui.join("static")),
-        ),
-    }
-}
-
-/// `Cache-Control: no-store`, as Ray sends its `index.html`.
-fn no_store() -> SetResponseHeaderLayer<HeaderValue> {
-    SetResponseHeaderLayer::overriding(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))
-}
-
-async fn healthz() -> impl IntoResponse {
-    ([(header::CACHE_CONTROL, "no-store")], "success")
-}
-
-/// `{"ray": …}`: whether Ray's modules are hosted, and if not why.
-async fn status(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(header::CACHE_CONTROL, "no-store")],
-        Json(serde_json::json!({ "ray": &*state.ray_status })),
-    )
-}
-
-async fn list_modules(State(state): State<AppState>) -> impl IntoResponse {
-    let reports: Vec<_> = state
-        .supervisor
-        .modules()
-        .iter()
-        .map(|m| m.report())
-        .collect();
-    ([(header::CACHE_CONTROL, "no-store")], Json(reports))
-}
-
-async fn show_module(State(state): State<AppState>, Path(name): Path<String>) -> Response {
-    match state.supervisor.get(&name) {
-        Some(module) => {
-            ([(header::CACHE_CONTROL, "no-store")], Json(module.report())).into_response()
-        }
-        None => unknown_module(&name),
-    }
-}
-
-async fn restart_module(State(state): State<AppState>, Path(name): Path<String>) -> Response {
-    // A page of another origin was refused by the guard before this ran.
-    let Some(module) = state.supervisor.get(&name) else {
-        return unknown_module(&name);
-    };
-    if module.restart() {
-        info!(module = %name, "restart requested through the API");
-        (
-            StatusCode::ACCEPTED,
-            Json(serde_json::json!({ "module": name, "restarting": true })),
-        )
-            .into_response()
-    } else {
-        let body = serde_json::json!({
-            "module": name,
-            "restarting": false,
-            "message": "a restart of this module is already pending",
-        });
-        (StatusCode::CONFLICT, Json(body)).into_response()
-    }
-}
-
-fn unknown_module(name: &str) -> Response {
-    let body =
-        serde_json::json!({ "error": "Not Found", "message": format!("no module named {name:?}") });
-    (StatusCode::NOT_FOUND, Json(body)).into_response()
-}
-
 /// Paths that neither the host nor a module claims: the UI's files, or 404.
 async fn fallback(State(state): State<AppState>, request: Request<Body>) -> Response {
     let lookup = state.proxy.lookup(&request);
     if lookup == Lookup::NotFound {
         if let Some(response) =
-            static_asset(request.method(), request.uri().path(), request.headers())
+            assets::static_asset(request.method(), request.uri().path(), request.headers())
         {
             return response;
         }
     }
     forward(&state.proxy, lookup, request).await
-}
-
-/// Serves a file of the embedded UI at its own path or under `/dashd/`;
-/// `/` and folders serve their `index.html`. Only embedded files exist, so
-/// no path can reach outside `static/`.
-fn static_asset(method: &Method, path: &str, headers: &HeaderMap) -> Option<Response> {
-    if method != Method::GET && method != Method::HEAD {
-        return None;
-    }
-    let relative = path
-        .strip_prefix("/dashd")
-        .filter(|rest| rest.is_empty() || rest.starts_with('/'))
-        .unwrap_or(path);
-    let relative = relative.trim_start_matches('/');
-    let name = if relative.is_empty() || relative.ends_with('/') {
-        format!("{relative}index.html")
-    } else {
-        relative.to_owned()
-    };
-    let file = Assets::get(&name)?;
-    let etag = format!("\"{}\"", hex(&file.metadata.sha256_hash()[..16]));
-    let cache = if name.ends_with(".html") {
-        "no-cache"
-    } else {
-        "public, max-age=300, must-revalidate"
-    };
-    let mut response = if headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        == Some(etag.as_str())
-    {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else if method == Method::HEAD {
-        Response::new(Body::empty())
-    } else {
-        Response::new(Body::from(file.data.into_owned()))
-    };
-    let h = response.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(file.metadata.mimetype()) {
-        h.insert(header::CONTENT_TYPE, v);
-    }
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    if let Ok(v) = HeaderValue::from_str(&etag) {
-        h.insert(header::ETAG, v);
-    }
-    Some(response)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The service every connection runs: module routes go straight to the
@@ -490,6 +336,8 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
+
     use crate::cli::Cli;
     use crate::config::Config;
     use crate::ray::gcs::GcsStatus;

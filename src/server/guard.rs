@@ -1,6 +1,6 @@
 //! The request guard: whether the server answers a request at all, judged by
 //! the names it carries (`Host`, `Origin`, `Sec-Fetch-Site`) before any route
-//! runs. [`Dispatch`](crate::server::Dispatch) runs it on every request, a
+//! runs. [`Dispatch`](super::Dispatch) runs it on every request, a
 //! module's or the host's own; it allocates nothing unless it refuses.
 //!
 //! Any page in the operator's browser can send requests to 127.0.0.1:8265,

@@ -280,6 +280,18 @@ impl Config {
         self.modules.extend(added);
         Ok(())
     }
+
+    /// Adds `modules`, built as values by the host (from `origin`, named in
+    /// errors), checked as the config file's own are and against them.
+    pub fn add_modules(
+        &mut self,
+        origin: &str,
+        modules: Vec<ModuleSpec>,
+    ) -> Result<(), ConfigError> {
+        Validator { origin }.specs(&modules, &self.modules)?;
+        self.modules.extend(modules);
+        Ok(())
+    }
 }
 
 impl ModuleSpec {

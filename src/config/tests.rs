@@ -163,6 +163,53 @@ fn module_routes_may_not_shadow_host_paths_with_any_method_or_pattern() {
     }
 }
 
+/// Modules the host builds as values are checked as the file's are:
+/// against the modules before them (names and routes) and the host's
+/// paths, each error naming where they came from and the field.
+#[test]
+fn added_module_values_are_checked_like_the_files_modules() {
+    let mut config = load(&module_with_route("GET", "/jobs/{job}")).expect("valid");
+    let spec = |name: &str, path: &str| ModuleSpec {
+        name: name.to_owned(),
+        program: "p".to_owned(),
+        args: Vec::new(),
+        env: BTreeMap::new(),
+        routes: vec![crate::routes::RouteSpec {
+            method: http::Method::GET,
+            path: path.to_owned(),
+            kind: crate::routes::RouteKind::Http,
+        }],
+        supervision: Supervision::default(),
+    };
+    for (module, problem) in [
+        (
+            spec("shadow", "/api/y"),
+            "modules[0].name: \"shadow\" is already the name of an earlier module (a built-in one, or one of the config's)",
+        ),
+        (
+            spec("other", "/jobs/{id}"),
+            "modules[0].routes[0].path: GET /jobs/{id} is claimed by both \"shadow\" (/jobs/{job}) and \"other\"",
+        ),
+        (
+            spec("other", "/api/healthz"),
+            "modules[0].routes[0].path: GET /api/healthz of module \"other\" would shadow /api/healthz, which ray-dashd (host) serves itself",
+        ),
+        (spec("", "/api/y"), "modules[0].name: \"\" must match [A-Za-z0-9_-]+"),
+        (spec("other", "api"), "modules[0].routes[0].path: \"api\" must start with '/'"),
+    ] {
+        let error = config
+            .add_modules("<built>", vec![module])
+            .expect_err(problem)
+            .to_string();
+        assert_eq!(error, format!("config <built>: {problem}"));
+    }
+    assert_eq!(config.modules.len(), 1);
+    config
+        .add_modules("<built>", vec![spec("other", "/api/y")])
+        .expect("fits");
+    assert_eq!(config.modules[1].name, "other");
+}
+
 /// Every route of Ray 2.60's dashboard modules but the GCS health check
 /// (which `routes.py --omit` leaves out) fits beside the host's paths.
 #[test]

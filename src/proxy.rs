@@ -18,7 +18,7 @@ use http_body_util::{LengthLimitError, Limited};
 use crate::config::ServerSettings;
 use crate::connection::{PoolError, PooledBody};
 use crate::error::{error_chain, ProxyError};
-use crate::routes::{Lookup, RouteKind, RouteTable};
+use crate::routes::{Lookup, RouteKind, RouteTable, Target};
 use crate::supervisor::{Gate, ModuleHandle, NotReady};
 
 pub(crate) use body::CancelableBody;
@@ -61,6 +61,11 @@ impl Proxy {
     /// Finds the route for `request`.
     pub fn lookup(&self, request: &Request<Body>) -> Lookup {
         self.table.lookup(request.method(), request.uri().path())
+    }
+
+    /// The name of the module `target` names.
+    pub fn module_name(&self, target: Target) -> &str {
+        self.modules[target.module].name()
     }
 
     /// Forwards `request` to the module `lookup` found for it; every failure

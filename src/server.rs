@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 use tower_http::trace::TraceLayer;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
@@ -100,7 +100,9 @@ pub fn router(state: AppState) -> Router {
     router
         .fallback(fallback)
         .with_state(state)
-        // Outermost, so every request, proxied or not, gets a span.
+        // Outermost, so every request the router answers gets a span (and
+        // its start and end logged at debug). Module routes never reach the
+        // router: Dispatch gives them a span of their own.
         .layer(TraceLayer::new_for_http())
 }
 
@@ -118,8 +120,8 @@ async fn fallback(State(state): State<AppState>, request: Request<Body>) -> Resp
 }
 
 /// The service every connection runs: module routes go straight to the
-/// proxy (the hot path: no router, no extra layers); everything else goes
-/// to the host's router.
+/// proxy (the hot path: no router, no layers, a request span only when
+/// debug logging is on); everything else goes to the host's router.
 #[derive(Debug, Clone)]
 pub struct Dispatch {
     proxy: Arc<Proxy>,
@@ -186,9 +188,46 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
             let router = self.router.clone();
             return Box::pin(async move { router.oneshot(request).await });
         }
+        let span = request_span(&self.proxy, &lookup, &request);
         let proxy = Arc::clone(&self.proxy);
-        Box::pin(async move { Ok(forward(&proxy, lookup, request).await) })
+        if span.is_disabled() {
+            return Box::pin(async move { Ok(forward(&proxy, lookup, request).await) });
+        }
+        Box::pin(async move {
+            let started = tokio::time::Instant::now();
+            let response = forward(&proxy, lookup, request)
+                .instrument(span.clone())
+                .await;
+            span.record("status", response.status().as_u16());
+            span.record("latency_us", started.elapsed().as_micros() as u64);
+            span.in_scope(|| debug!("finished processing request"));
+            Ok(response)
+        })
     }
+}
+
+/// The span of a request for a module route, as the router's `TraceLayer`
+/// gives its own requests (`request`, with the method, URI and version),
+/// plus the module and the route's kind, and the status and the time to
+/// the response head once known. Disabled, and made for nearly nothing
+/// (one check of the level, no field evaluated), unless debug logging is
+/// on for this module.
+fn request_span(proxy: &Proxy, lookup: &Lookup, request: &Request<Body>) -> tracing::Span {
+    // A path known to no method has no module.
+    let target = match lookup {
+        Lookup::Found(target) => Some(*target),
+        Lookup::MethodNotAllowed(_) | Lookup::NotFound => None,
+    };
+    tracing::debug_span!(
+        "request",
+        method = %request.method(),
+        uri = %request.uri(),
+        version = ?request.version(),
+        module = target.map(|t| proxy.module_name(t)),
+        kind = target.map(|t| tracing::field::display(t.kind)),
+        status = tracing::field::Empty,
+        latency_us = tracing::field::Empty,
+    )
 }
 
 /// Forwards a request a module route claims; failures become responses.

@@ -2,7 +2,7 @@
 //! the same status codes, bodies and cookies: `/timezone`,
 //! `/api/authentication_mode`, `/api/authenticate`, `/usage_stats_enabled`,
 //! `/cluster_id`, and `/api/gcs_healthz` from the cached GCS check.
-//! Ray's web UI files are served by the host's router (`server.rs`).
+//! Ray's web UI files are served by the host's router (`server/assets.rs`).
 
 use std::sync::Arc;
 

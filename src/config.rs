@@ -7,24 +7,23 @@
 //! types here; [`effective`] writes them back out as TOML.
 
 mod effective;
+pub(crate) mod hosts;
 mod raw;
+pub mod ray;
 mod validate;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::Method;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::Cli;
 use crate::error::ConfigError;
-use crate::ray::RaySettings;
-use crate::supervisor::CgroupMode;
+use crate::routes::RouteSpec;
 use raw::{parse, RawConfig, RawModules};
-pub(crate) use validate::normalize_pattern;
+use ray::RaySettings;
 use validate::Validator;
 
 /// The configuration used when `--config` is absent (`config/default.toml`).
@@ -76,7 +75,7 @@ pub struct ServerSettings {
     /// cheapest per request when the modules behind need the other cores.
     pub worker_threads: usize,
     /// Host names (lowercase, no port) answered besides loopback ones; when
-    /// set, `Host` is checked whatever address is bound (see [`crate::guard`]).
+    /// set, `Host` is checked whatever address is bound (see `server::guard`).
     pub allowed_hosts: Vec<String>,
     /// Origins (`scheme://host[:port]`, lowercase, no default port) whose
     /// pages may open websockets and send writes besides this server's own.
@@ -90,6 +89,19 @@ pub struct ServerSettings {
     pub cgroups: CgroupMode,
     /// How `ray-dashd.log` and the modules' `.out` and `.err` rotate.
     pub log_rotation: Rotation,
+}
+
+/// Whether module incarnations run in cgroups of their own
+/// (`server.cgroups`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupMode {
+    /// Where cgroup v2 is mounted and the host's own cgroup is writable.
+    #[default]
+    Auto,
+    /// Never: descendants are found through `/proc` only, and those in
+    /// other sessions outlive a SIGKILL of the host.
+    Off,
 }
 
 /// One module: how to start it, how to supervise it and which routes it serves.
@@ -228,66 +240,6 @@ impl Default for Supervision {
     }
 }
 
-/// One route a module serves.
-#[derive(Debug, Clone)]
-pub struct RouteSpec {
-    /// The HTTP method (a `GET` route also answers `HEAD`).
-    pub method: Method,
-    /// The path pattern, aiohttp style: `/api/jobs/{job_id}`.
-    pub path: String,
-    /// How the host forwards it.
-    pub kind: RouteKind,
-}
-
-/// How the host forwards a route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RouteKind {
-    /// A request and a response, with a deadline for the response to start.
-    Http,
-    /// A long-lived response streamed chunk by chunk, with no deadline.
-    Stream,
-    /// A websocket, relayed message by message.
-    Websocket,
-}
-
-impl fmt::Display for RouteKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            RouteKind::Http => "http",
-            RouteKind::Stream => "stream",
-            RouteKind::Websocket => "websocket",
-        })
-    }
-}
-
-/// Paths the host answers itself, as its router (axum's, matchit patterns:
-/// `{name}` is one segment, `{*rest}` the rest of the path) writes them. A
-/// request is looked up among the module routes first, so no module route
-/// may match any of these, whatever its method.
-pub const HOST_PATHS: &[&str] = &[
-    // ray-dashd's own API (server.rs).
-    "/api/healthz",
-    "/api/modules",
-    "/api/modules/{name}",
-    "/api/modules/{name}/restart",
-    crate::server::STATUS_PATH,
-    // ray-dashd's UI, its only place when Ray's own UI is served at `/`.
-    "/dashd",
-    "/dashd/{*path}",
-    // What Ray's dashboard parent serves (when Ray's modules are hosted):
-    // its web UI (server.rs) and its own routes (ray/parent.rs).
-    "/",
-    "/favicon.ico",
-    "/static/{*path}",
-    crate::ray::parent::GCS_HEALTH_PATH,
-    "/timezone",
-    "/api/authentication_mode",
-    "/api/authenticate",
-    "/usage_stats_enabled",
-    "/cluster_id",
-];
-
 /// Largest request-head size accepted: hyper needs at least 8 KiB.
 const MIN_HEADER_BYTES: usize = 8 * 1024;
 
@@ -361,6 +313,18 @@ impl Config {
         let validator = Validator { origin };
         let added = validator.modules(raw.modules, &self.module_defaults, &self.modules)?;
         self.modules.extend(added);
+        Ok(())
+    }
+
+    /// Adds `modules`, built as values by the host (from `origin`, named in
+    /// errors), checked as the config file's own are and against them.
+    pub fn add_modules(
+        &mut self,
+        origin: &str,
+        modules: Vec<ModuleSpec>,
+    ) -> Result<(), ConfigError> {
+        Validator { origin }.specs(&modules, &self.modules)?;
+        self.modules.extend(modules);
         Ok(())
     }
 }

@@ -1,5 +1,7 @@
-//! Errors. A [`StartupError`] ends the process; a [`ProxyError`] becomes one
-//! HTTP response, through the single mapping in its `IntoResponse`.
+//! Errors. A [`StartupError`] ends the process; a [`ProxyError`] (a module
+//! route's failure) and an [`ApiError`] (the host's own API refusing)
+//! each become one HTTP response, through the single mapping in their
+//! `IntoResponse`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -69,9 +71,10 @@ pub enum StartupError {
     #[error("ray: {0}")]
     Ray(String),
     /// Ray's token mode is on and ray-dashd cannot check tokens: it will
-    /// not serve without them.
+    /// not serve without them. A `ray::auth::TokenError`, boxed so that
+    /// this bottom layer names nothing of Ray's.
     #[error(transparent)]
-    TokenAuth(#[from] crate::ray::auth::TokenError),
+    TokenAuth(Box<dyn std::error::Error + Send + Sync>),
     /// The async runtime or its signal handlers could not be set up.
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -261,6 +264,55 @@ impl IntoResponse for ProxyError {
     }
 }
 
+/// An error and its causes, joined with `: `.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Why the host's own API refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No module has the name in the path.
+    #[error("no module named {name:?}")]
+    UnknownModule {
+        /// The name asked for.
+        name: String,
+    },
+    /// A restart of the module was asked for and has not begun yet.
+    #[error("a restart of this module is already pending")]
+    RestartPending {
+        /// The module's name.
+        module: String,
+    },
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let message = self.to_string();
+        let (status, body) = match self {
+            ApiError::UnknownModule { .. } => (
+                StatusCode::NOT_FOUND,
+                serde_json::json!({ "error": "Not Found", "message": message }),
+            ),
+            ApiError::RestartPending { module } => (
+                StatusCode::CONFLICT,
+                serde_json::json!({ "module": module, "restarting": false, "message": message }),
+            ),
+        };
+        (status, axum::Json(body)).into_response()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,5 +341,40 @@ mod tests {
         let waited = waited.into_response();
         assert_eq!(waited.status(), StatusCode::GATEWAY_TIMEOUT);
         assert!(!waited.headers().contains_key(header::RETRY_AFTER));
+    }
+
+    async fn json(response: Response) -> serde_json::Value {
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .expect("body");
+        serde_json::from_slice(&body).expect("json")
+    }
+
+    /// An unknown module is 404 and a pending restart 409, each with the
+    /// body the API has always sent.
+    #[tokio::test]
+    async fn api_errors_keep_their_status_and_body() {
+        let unknown = ApiError::UnknownModule {
+            name: "nope".to_owned(),
+        }
+        .into_response();
+        assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            json(unknown).await,
+            serde_json::json!({ "error": "Not Found", "message": "no module named \"nope\"" })
+        );
+        let pending = ApiError::RestartPending {
+            module: "echo".to_owned(),
+        }
+        .into_response();
+        assert_eq!(pending.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            json(pending).await,
+            serde_json::json!({
+                "module": "echo",
+                "restarting": false,
+                "message": "a restart of this module is already pending",
+            })
+        );
     }
 }

@@ -2,29 +2,37 @@
 //!
 //! # Layout
 //!
-//! - [`cli`] and [`config`]: the command line and the TOML config, validated
-//!   into typed values before anything binds or spawns.
-//! - [`builtin`]: the programs the binary carries besides the server (the
-//!   built-in modules, Ray's fork shim and client proxy).
-//! - [`session`]: the session folder, its `sockets/` and `logs/`.
-//! - [`supervisor`]: one task per module; spawn, health-check, restart.
-//! - [`proxy`] and [`routes`]: forwarding module routes over Unix sockets.
-//! - [`server`]: the host's own routes, the UI, the accept loop.
-//! - [`guard`]: which requests are answered at all (`Host`, `Origin`),
-//!   against DNS rebinding and cross-site websockets and writes.
-//! - [`ray`]: Ray's own dashboard modules, when the session is a Ray head,
-//!   and what Ray's dashboard parent serves itself (token auth, GCS check).
-//! - [`shutdown`] and [`logging`]: signals and tracing.
-//! - [`wheel`]: the Python environment the wheel installed the binary into.
-//! - [`descriptors`]: the open-file limit, and the client connections it
-//!   leaves room for.
+//! Layers, each using only those below it (`scripts/module-cycles src`
+//! finds any two modules that reach each other):
+//!
+//! 1. [`error`], [`session`] (the session folder, its `sockets/` and
+//!    `logs/`), [`logging`], [`shutdown`], [`cli`], [`builtin`] (the
+//!    programs the binary carries besides the server), [`wheel`] (the
+//!    Python environment the wheel installed the binary into) and
+//!    [`descriptors`] (the open-file limit and the client connections it
+//!    leaves room for): the foundations (of which `cli` names `builtin`,
+//!    `session` names `error` and `logging` names `session`).
+//! 2. [`routes`]: what a module route is and the table that finds it, and
+//!    the host's own routes, declared once ([`routes::host`]).
+//! 3. [`config`]: the command line and the TOML config (Ray's settings
+//!    included), validated into typed values before anything binds or
+//!    spawns.
+//! 4. [`connection`]: HTTP/1.1 to a module incarnation's Unix socket,
+//!    pooled.
+//! 5. [`supervisor`]: one task per module; spawn, health-check, restart.
+//! 6. [`proxy`] (forwarding module routes) and [`ray`] (Ray's own
+//!    dashboard modules, and what Ray's dashboard parent serves itself:
+//!    token auth, GCS check), side by side.
+//! 7. [`server`]: the request guard, the host's own routes and UI, the
+//!    accept loop.
+//! 8. This file ([`launch`], [`run`]) and `main.rs`.
 
 pub mod builtin;
 pub mod cli;
 pub mod config;
+pub mod connection;
 pub mod descriptors;
 pub mod error;
-pub mod guard;
 pub mod logging;
 pub mod proxy;
 pub mod ray;
@@ -238,7 +246,7 @@ pub async fn run(
     ));
     // The address actually bound decides whether Host is checked.
     let bound = listener.local_addr().map_or(config.host, |a| a.ip());
-    let guard = guard::Guard::new(&config.server, bound, ray.is_some());
+    let guard = server::guard::Guard::new(&config.server, bound, ray.is_some());
     let service = server::Dispatch::new(
         AppState {
             supervisor: Arc::clone(&supervisor),

@@ -5,9 +5,6 @@
 mod body;
 mod headers;
 mod idle;
-mod module_stream;
-mod peer;
-mod pool;
 mod websocket;
 
 use std::time::Duration;
@@ -18,34 +15,16 @@ use http::uri::PathAndQuery;
 use http::{header, HeaderValue, Request, Uri, Version};
 use http_body_util::{LengthLimitError, Limited};
 
-use crate::config::{RouteKind, ServerSettings};
-use crate::error::ProxyError;
-use crate::routes::{Lookup, RouteTable};
-use crate::supervisor::{Gate, ModuleHandle};
+use crate::config::ServerSettings;
+use crate::connection::{PoolError, PooledBody};
+use crate::error::{error_chain, ProxyError};
+use crate::routes::{Lookup, RouteKind, RouteTable, Target};
+use crate::supervisor::{Gate, ModuleHandle, NotReady};
 
 pub(crate) use body::CancelableBody;
 pub(crate) use headers::strip_hop_by_hop;
 pub(crate) use idle::{is_send_timeout, WriteTimeout};
 use idle::{BodyTimeout, ClientBodyError};
-pub use peer::PeerCheck;
-use pool::PoolError;
-pub(crate) use pool::PooledBody;
-pub use pool::{ConnectionStats, ModulePool};
-
-/// An error and its causes, joined with `: `.
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
 
 /// The first of `error` and its causes that is an `E`.
 fn cause<'a, E: std::error::Error + 'static>(
@@ -72,9 +51,8 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy to `modules` (in configuration order, as the table indexes them).
     pub fn new(modules: Vec<ModuleHandle>, settings: ServerSettings) -> Proxy {
-        let specs: Vec<_> = modules.iter().map(|m| m.spec().clone()).collect();
         Proxy {
-            table: RouteTable::new(&specs),
+            table: RouteTable::new(modules.iter().map(|m| m.spec().routes.as_slice())),
             modules,
             settings,
         }
@@ -83,6 +61,11 @@ impl Proxy {
     /// Finds the route for `request`.
     pub fn lookup(&self, request: &Request<Body>) -> Lookup {
         self.table.lookup(request.method(), request.uri().path())
+    }
+
+    /// The name of the module `target` names.
+    pub fn module_name(&self, target: Target) -> &str {
+        self.modules[target.module].name()
     }
 
     /// Forwards `request` to the module `lookup` found for it; every failure
@@ -108,7 +91,14 @@ impl Proxy {
             }
         };
         let module = &self.modules[target.module];
-        let gate = module.admit()?;
+        let gate =
+            module
+                .admit()
+                .map_err(|NotReady { state, retry_after }| ProxyError::NotReady {
+                    module: module.name().to_owned(),
+                    state: state.as_str(),
+                    retry_after,
+                })?;
         match target.kind {
             RouteKind::Websocket if websocket::is_upgrade(&request) => {
                 websocket::forward(module, gate, request, &self.settings).await

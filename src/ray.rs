@@ -24,13 +24,20 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::builtin;
-use crate::config::Config;
+use crate::config::ray::{RayLaunch, RayModules, RayPython};
+use crate::config::{Config, ModuleSpec, Supervision};
 use crate::error::StartupError;
+use crate::routes::{RouteKind, RouteSpec};
 use crate::session::Session;
 use crate::supervisor::EarlyStart;
 use auth::Token;
 use gcs::{GcsClient, GcsStatus, Watcher};
-use python::RayPython;
+
+impl From<auth::TokenError> for StartupError {
+    fn from(error: auth::TokenError) -> StartupError {
+        StartupError::TokenAuth(Box::new(error))
+    }
+}
 
 /// The launcher's files, written to `<session>/ray_dashd/` at start-up.
 const FILES: &[(&str, &str)] = &[
@@ -51,71 +58,8 @@ const FILES: &[(&str, &str)] = &[
 /// How long reading Ray's route table may take (it imports Ray and the
 /// nine module files: about 3 s on 2 cores).
 const ROUTES_TIMEOUT: Duration = Duration::from_secs(120);
-/// Default of `[ray] gcs_gone_secs`: how long the GCS may stay unreachable
-/// before the head counts as gone. Ray's own processes give up on a GCS
-/// after the same time (`gcs_rpc_server_reconnect_timeout_s`).
-pub const GCS_GONE_AFTER: Duration = Duration::from_secs(60);
-
-/// When to host Ray's modules.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RayModules {
-    /// When the session folder belongs to a Ray head (its temp dir names a
-    /// GCS in `ray_current_cluster`) and `python` can import Ray.
-    #[default]
-    Auto,
-    /// Always; a failure to read Ray's routes stops ray-dashd.
-    On,
-    /// Never.
-    Off,
-}
-
-/// How Ray's modules are started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RayLaunch {
-    /// Forked from one Python process that preloaded Ray and the module
-    /// classes (`zygote.py`), each through a `ray-dashd fork-shim`; a module
-    /// the zygote cannot fork starts standalone.
-    #[default]
-    Fork,
-    /// Each module its own `python launcher.py <ClassName>`.
-    Standalone,
-}
-
-/// The `[ray]` settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RaySettings {
-    /// When to host Ray's modules.
-    pub modules: RayModules,
-    /// The Python that has `ray` installed, when one is named; else one is
-    /// found at start-up ([`python::find`]).
-    pub python: Option<RayPython>,
-    /// The Ray Client proxy's port; 0: no proxy.
-    pub client_port: u16,
-    /// How long the head's GCS may stay unreachable before ray-dashd stops.
-    pub gcs_gone_after: Duration,
-    /// How the modules are started.
-    pub launch: RayLaunch,
-}
-
-/// The port Ray clients connect to (`ray://head:10001`).
-pub const DEFAULT_CLIENT_PORT: u16 = 10001;
-
 /// The name of the Ray Client proxy module.
 pub const CLIENT_PROXY_MODULE: &str = "ray_client_proxy";
-
-impl Default for RaySettings {
-    fn default() -> Self {
-        RaySettings {
-            modules: RayModules::Auto,
-            python: None,
-            client_port: DEFAULT_CLIENT_PORT,
-            gcs_gone_after: GCS_GONE_AFTER,
-            launch: RayLaunch::Fork,
-        }
-    }
-}
 
 /// The module name of Ray's zygote (not a Ray class name, so its socket is
 /// none that a Ray module uses). `routes.py`'s `ZYGOTE_MODULE` is the same:
@@ -361,7 +305,7 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         launcher_dir.join("launcher.py").into(),
         // The host answers it from its cached check (see `gcs`).
         "--omit".into(),
-        parent::GCS_HEALTH_PATH.into(),
+        crate::routes::host::GCS_HEALTH_PATH.into(),
     ];
     let routes = launcher_dir.join("routes.py");
     // Both import Ray (most of their time): run them at once.
@@ -380,7 +324,7 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
             routes.display()
         )
     };
-    let generated = if fork {
+    let ray_routes = if fork {
         // This binary, run as `ray-dashd fork-shim` (see `builtin`): it is
         // always there, so forking never falls back for want of a shim.
         routes_args.extend([
@@ -399,7 +343,10 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
     } else {
         let mut command = Command::new(&python.program);
         command.arg(&routes).args(&routes_args);
-        run(command, ROUTES_TIMEOUT).map(|text| (text, None))
+        match run(command, ROUTES_TIMEOUT) {
+            Ok(toml) => RayRoutes::Read { toml, zygote: None },
+            Err(why) => RayRoutes::Failed(why),
+        }
     };
     let facts = facts
         .join()
@@ -414,9 +361,9 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         Ok(parent) => parent,
         Err(e) => return not_hosted(e),
     };
-    let (generated, zygote) = match generated {
-        Ok(generated) => generated,
-        Err(e) => return not_hosted(e),
+    let (generated, zygote) = match ray_routes {
+        RayRoutes::Read { toml, zygote } => (toml, zygote),
+        RayRoutes::Failed(why) => return not_hosted(why),
     };
     let before = config.modules.len();
     config.add_modules_toml(&origin, &generated)?;
@@ -429,14 +376,15 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         "hosting Ray's dashboard modules"
     );
     if settings.client_port != 0 {
-        let proxy = client_proxy_toml(
+        let proxy = client_proxy_spec(
             &config.host.to_string(),
             settings.client_port,
             &gcs_address,
             &python.program,
             parent.token.is_some(),
+            config.module_defaults.clone(),
         );
-        config.add_modules_toml("<the Ray Client proxy>", &proxy)?;
+        config.add_modules("<the Ray Client proxy>", vec![proxy])?;
         info!(port = settings.client_port, "hosting the Ray Client proxy");
     }
     let mut status = RayStatus::new(
@@ -477,23 +425,45 @@ fn fix_for(why: &str) -> String {
     }
 }
 
+/// What reading Ray's route table gave.
+// Made once, at start-up: the zygote is moved, not boxed.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum RayRoutes {
+    /// The config of Ray's modules, as TOML; with the zygote when it
+    /// reported them (its own config first), to take over as a module.
+    Read {
+        /// The `[[modules]]` to add.
+        toml: String,
+        /// The running zygote, in fork mode.
+        zygote: Option<EarlyStart>,
+    },
+    /// Why not, in one line (the zygote's or `routes.py`'s failure, with
+    /// the end of its stderr): Ray's modules cannot be hosted.
+    Failed(String),
+}
+
 /// Starts Ray's zygote (`zygote.py`, module [`ZYGOTE_MODULE`]) at once and
 /// has it report the route table of the modules it preloaded: it imports
 /// them anyway, so Ray is imported once rather than twice before the first
-/// module can start. Returns the config of the zygote and of Ray's modules
-/// (forked from it through the shim), and the running zygote; `Err` (the
-/// zygote's failure, with its stderr's end) when it exits without a report.
+/// module can start. Gives the config of the zygote and of Ray's modules
+/// (forked from it through the shim) with the running zygote, or why there
+/// is none (when the zygote exits without a report, say); `Err` only for
+/// what stops ray-dashd whatever `[ray] modules` says.
 fn zygote_routes(
     config: &Config,
     session: &Session,
     python: &str,
     launcher_dir: &Path,
     routes_args: &[std::ffi::OsString],
-) -> Result<Result<(String, Option<EarlyStart>), String>, StartupError> {
+) -> Result<RayRoutes, StartupError> {
     let report = launcher_dir.join(REPORT_FILE);
     match std::fs::remove_file(&report) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Ok(Err(format!("cannot remove {}: {e}", report.display())))
+            return Ok(RayRoutes::Failed(format!(
+                "cannot remove {}: {e}",
+                report.display()
+            )))
         }
         _ => {}
     }
@@ -526,15 +496,23 @@ fn zygote_routes(
     Session::check_socket_path(&session.socket_path(&spec.name))?;
     let mut zygote = match EarlyStart::spawn(spec, session) {
         Ok(zygote) => zygote,
-        Err(e) => return Ok(Err(format!("cannot start {python}: {e}"))),
+        Err(e) => return Ok(RayRoutes::Failed(format!("cannot start {python}: {e}"))),
     };
     let deadline = Instant::now() + ROUTES_TIMEOUT;
     loop {
         // The zygote renames the report into place when it is whole.
         match std::fs::read_to_string(&report) {
-            Ok(text) => return Ok(Ok((zygote_toml + &text, Some(zygote)))),
+            Ok(text) => {
+                return Ok(RayRoutes::Read {
+                    toml: zygote_toml + &text,
+                    zygote: Some(zygote),
+                })
+            }
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Ok(Err(format!("cannot read {}: {e}", report.display())))
+                return Ok(RayRoutes::Failed(format!(
+                    "cannot read {}: {e}",
+                    report.display()
+                )))
             }
             Err(_) => {}
         }
@@ -542,7 +520,7 @@ fn zygote_routes(
             // Its last line is the exception (a traceback ends with it);
             // the rest stays in its log.
             let tail = zygote.stderr_tail(session, 5);
-            return Ok(Err(format!(
+            return Ok(RayRoutes::Failed(format!(
                 "Ray's zygote ({}) exited ({status}) before reporting Ray's modules: {} \
                  (the whole error is in {})",
                 command.join(" "),
@@ -554,7 +532,7 @@ fn zygote_routes(
             )));
         }
         if Instant::now() >= deadline {
-            return Ok(Err(format!(
+            return Ok(RayRoutes::Failed(format!(
                 "Ray's zygote did not report Ray's modules within {ROUTES_TIMEOUT:?}"
             )));
         }
@@ -567,39 +545,46 @@ fn path_str(path: &Path) -> String {
 }
 
 /// The Ray Client proxy as a module: `ray://<host>:<port>` clients, each
-/// with a Ray client server of its own (`modules/client-proxy`).
+/// with a Ray client server of its own (`modules/client-proxy`), supervised
+/// as `supervision` says.
 ///
 /// `token_auth` is Ray's own verdict (from `head_facts.py`), passed on as
 /// `RAY_AUTH_MODE`: a release without token authentication (before 2.52)
 /// ignores a `RAY_AUTH_MODE=token` in the environment, so its clients send
 /// no token and the proxy must not ask for one.
-fn client_proxy_toml(
+fn client_proxy_spec(
     host: &str,
     port: u16,
     gcs_address: &str,
     python: &str,
     token_auth: bool,
-) -> String {
-    let quote = |s: &str| serde_json::to_string(s).expect("UNWRAP: a string serializes");
-    let command = [
-        builtin::SELF_PROGRAM,
-        builtin::CLIENT_PROXY,
-        "--host",
-        host,
-        "--ray-client-port",
-        &port.to_string(),
-        "--gcs-address",
-        gcs_address,
-        "--python",
-        python,
-    ]
-    .map(quote)
-    .join(", ");
-    format!(
-        "[[modules]]\nname = {name}\ncommand = [{command}]\nenv = {{ RAY_AUTH_MODE = {mode} }}\nroutes = [\n  {{ method = \"GET\", path = \"/api/client_proxy/clients\", type = \"http\" }},\n]\n",
-        name = quote(CLIENT_PROXY_MODULE),
-        mode = quote(if token_auth { "token" } else { "disabled" }),
-    )
+    supervision: Supervision,
+) -> ModuleSpec {
+    let mode = if token_auth { "token" } else { "disabled" };
+    ModuleSpec {
+        name: CLIENT_PROXY_MODULE.to_owned(),
+        program: builtin::SELF_PROGRAM.to_owned(),
+        args: [
+            builtin::CLIENT_PROXY,
+            "--host",
+            host,
+            "--ray-client-port",
+            &port.to_string(),
+            "--gcs-address",
+            gcs_address,
+            "--python",
+            python,
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        env: [("RAY_AUTH_MODE".to_owned(), mode.to_owned())].into(),
+        routes: vec![RouteSpec {
+            method: http::Method::GET,
+            path: "/api/client_proxy/clients".to_owned(),
+            kind: RouteKind::Http,
+        }],
+        supervision,
+    }
 }
 
 /// The checker of `head`'s GCS for a dashboard bound to `bound`: it keeps
@@ -708,6 +693,57 @@ fn run(mut command: Command, timeout: Duration) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Ray Client proxy runs as `ray-dashd client-proxy` with the
+    /// head's address and Python, Ray's token verdict in `RAY_AUTH_MODE`,
+    /// and serves its clients' list.
+    #[test]
+    fn the_client_proxy_module_is_this_binary_with_the_heads_facts() {
+        let supervision = Supervision {
+            stop_grace: Duration::from_secs(7),
+            ..Supervision::default()
+        };
+        let spec = client_proxy_spec(
+            "127.0.0.1",
+            10001,
+            "10.0.0.1:6379",
+            "/venv/bin/python",
+            true,
+            supervision.clone(),
+        );
+        assert_eq!(spec.name, CLIENT_PROXY_MODULE);
+        assert_eq!(spec.program, builtin::SELF_PROGRAM);
+        assert_eq!(
+            spec.args,
+            [
+                "client-proxy",
+                "--host",
+                "127.0.0.1",
+                "--ray-client-port",
+                "10001",
+                "--gcs-address",
+                "10.0.0.1:6379",
+                "--python",
+                "/venv/bin/python",
+            ]
+        );
+        assert_eq!(spec.env["RAY_AUTH_MODE"], "token");
+        assert_eq!(spec.env.len(), 1);
+        let [route] = spec.routes.as_slice() else {
+            panic!("one route: {:?}", spec.routes);
+        };
+        assert_eq!(
+            (&route.method, route.path.as_str(), route.kind),
+            (
+                &http::Method::GET,
+                "/api/client_proxy/clients",
+                RouteKind::Http
+            )
+        );
+        assert_eq!(spec.supervision, supervision);
+        let off = client_proxy_spec("::1", 1, "g", "p", false, Supervision::default());
+        assert_eq!(off.env["RAY_AUTH_MODE"], "disabled");
+    }
 
     #[test]
     fn finds_gcs_through_the_session_link() {

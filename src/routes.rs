@@ -1,8 +1,63 @@
-//! The route table: which module serves a method and path, and how.
+//! The module routes: what a route is ([`RouteSpec`], [`RouteKind`]) and
+//! the table that finds which module serves a method and path. The bottom
+//! layer with the config: it names no other part of the host.
+
+pub mod host;
+
+use std::fmt;
 
 use http::Method;
+use serde::{Deserialize, Serialize};
 
-use crate::config::{normalize_pattern, ModuleSpec, RouteKind};
+/// One route a module serves.
+#[derive(Debug, Clone)]
+pub struct RouteSpec {
+    /// The HTTP method (a `GET` route also answers `HEAD`).
+    pub method: Method,
+    /// The path pattern, aiohttp style: `/api/jobs/{job_id}`.
+    pub path: String,
+    /// How the host forwards it.
+    pub kind: RouteKind,
+}
+
+/// How the host forwards a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteKind {
+    /// A request and a response, with a deadline for the response to start.
+    Http,
+    /// A long-lived response streamed chunk by chunk, with no deadline.
+    Stream,
+    /// A websocket, relayed message by message.
+    Websocket,
+}
+
+impl fmt::Display for RouteKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RouteKind::Http => "http",
+            RouteKind::Stream => "stream",
+            RouteKind::Websocket => "websocket",
+        })
+    }
+}
+
+/// The pattern with every parameter renamed by position, so that
+/// `/a/{x}` and `/a/{y}` count as the same path.
+pub fn normalize_pattern(path: &str) -> String {
+    let mut n = 0;
+    path.split('/')
+        .map(|segment| {
+            if segment.starts_with('{') {
+                n += 1;
+                format!("{{p{n}}}")
+            } else {
+                segment.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
 
 /// Where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,12 +86,13 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    /// Builds the table. The config was validated, so paths are well formed
-    /// and no method and path is claimed twice.
-    pub fn new(modules: &[ModuleSpec]) -> RouteTable {
+    /// Builds the table of the modules' routes, one slice per module in
+    /// configuration order. The config was validated, so paths are well
+    /// formed and no method and path is claimed twice.
+    pub fn new<'a>(modules: impl IntoIterator<Item = &'a [RouteSpec]>) -> RouteTable {
         let mut grouped: Vec<(String, Vec<(Method, Target)>)> = Vec::new();
-        for (index, module) in modules.iter().enumerate() {
-            for route in &module.routes {
+        for (index, routes) in modules.into_iter().enumerate() {
+            for route in routes {
                 let key = normalize_pattern(&route.path);
                 let target = Target {
                     module: index,
@@ -85,39 +141,29 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{RouteSpec, Supervision};
 
-    fn module(name: &str, routes: &[(&str, &str, RouteKind)]) -> ModuleSpec {
-        ModuleSpec {
-            name: name.into(),
-            program: "x".into(),
-            args: vec![],
-            env: Default::default(),
-            routes: routes
-                .iter()
-                .map(|(m, p, k)| RouteSpec {
-                    method: Method::from_bytes(m.as_bytes()).expect("method"),
-                    path: (*p).into(),
-                    kind: *k,
-                })
-                .collect(),
-            supervision: Supervision::default(),
-        }
+    fn module(routes: &[(&str, &str, RouteKind)]) -> Vec<RouteSpec> {
+        routes
+            .iter()
+            .map(|(m, p, k)| RouteSpec {
+                method: Method::from_bytes(m.as_bytes()).expect("method"),
+                path: (*p).into(),
+                kind: *k,
+            })
+            .collect()
     }
 
     #[test]
     fn matches_params_methods_and_head() {
-        let table = RouteTable::new(&[
-            module(
-                "jobs",
-                &[
-                    ("GET", "/api/jobs/", RouteKind::Http),
-                    ("GET", "/api/jobs/{id}", RouteKind::Http),
-                    ("GET", "/api/jobs/{id}/logs/tail", RouteKind::Websocket),
-                ],
-            ),
-            module("other", &[("POST", "/api/jobs/", RouteKind::Stream)]),
-        ]);
+        let modules = [
+            module(&[
+                ("GET", "/api/jobs/", RouteKind::Http),
+                ("GET", "/api/jobs/{id}", RouteKind::Http),
+                ("GET", "/api/jobs/{id}/logs/tail", RouteKind::Websocket),
+            ]),
+            module(&[("POST", "/api/jobs/", RouteKind::Stream)]),
+        ];
+        let table = RouteTable::new(modules.iter().map(Vec::as_slice));
         let found = |m: Method, p: &str| table.lookup(&m, p);
         assert_eq!(
             found(Method::GET, "/api/jobs/abc/logs/tail"),
@@ -146,5 +192,14 @@ mod tests {
         );
         assert_eq!(found(Method::GET, "/api/jobs"), Lookup::NotFound);
         assert_eq!(found(Method::GET, "/api/jobs/a/b"), Lookup::NotFound);
+    }
+
+    #[test]
+    fn normalized_patterns_ignore_parameter_names() {
+        assert_eq!(
+            normalize_pattern("/a/{x}/b/{y}"),
+            normalize_pattern("/a/{id}/b/{z}")
+        );
+        assert_ne!(normalize_pattern("/a/{x}"), normalize_pattern("/a/x"));
     }
 }

@@ -1,7 +1,14 @@
-//! The HTTP server: the host's own routes, the static UI, the proxy as the
-//! fallback, and the accept loop with its limits and graceful drain.
+//! The HTTP server, the top layer below `lib.rs`: the service every
+//! connection runs ([`Dispatch`]: the request [`guard`], then a module
+//! route straight to the proxy, else the host's [`router`]), the router
+//! built from the host's routes (its API in `api.rs`, the UI's files in
+//! `assets.rs`), and the accept loop with its limits and graceful drain
+//! (`accept.rs`).
 
 mod accept;
+mod api;
+mod assets;
+pub mod guard;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -10,11 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use axum::extract::State;
+use axum::http::Request;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -22,18 +28,17 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
-use tower_http::services::{ServeDir, ServeFile};
-use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
-use crate::guard::{Guard, Refusal};
 use crate::proxy::{is_send_timeout, Proxy, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
+use crate::routes::host::{HostHandler, HOST_ROUTES};
 use crate::routes::Lookup;
 use crate::supervisor::Supervisor;
+use guard::{Guard, Refusal};
 
 /// How long a client may take to send a request's head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -70,107 +75,35 @@ pub struct AppState {
     pub ray_status: Arc<ray::RayStatus>,
 }
 
-/// The UI, built into the binary from `static/`.
-#[derive(rust_embed::RustEmbed)]
-#[folder = "static/"]
-struct Assets;
-
-/// The host's routes, with the proxy (then the UI) behind them.
+/// The host's routes ([`HOST_ROUTES`]), with the proxy (then the UI)
+/// behind them.
 pub fn router(state: AppState) -> Router {
-    let mut router = Router::new()
-        .route("/api/healthz", get(healthz))
-        .route("/api/modules", get(list_modules))
-        .route("/api/modules/{name}", get(show_module))
-        .route("/api/modules/{name}/restart", post(restart_module))
-        .route(STATUS_PATH, get(status));
-    if let Some(ray) = &state.ray {
-        if let Some(ui) = &ray.ui_dir {
+    let ray_ui = state.ray.as_ref().and_then(|ray| ray.ui_dir.clone());
+    let mut router = Router::new();
+    for route in HOST_ROUTES {
+        router = match route.handler {
+            HostHandler::Api(api) => router.route(route.path, api::handler(api)),
+            // The fallback serves the UI's files.
+            HostHandler::Ui => router,
             // Ray's own UI takes `/`; ours stays at `/dashd/`.
-            let index = ServeFile::new(ui.join("index.html"));
-            router = router
-                .route_service(
-                    "/",
-                    tower::ServiceBuilder::new()
-                        .layer(no_store())
-                        .service(index),
-                )
-                .route_service("/favicon.ico", ServeFile::new(ui.join("favicon.ico")))
-                .nest_service("/static", ServeDir::new(ui.join("static")));
-        }
+            HostHandler::RayUi(part) => match &ray_ui {
+                Some(ui) => assets::ray_ui_route(router, route.path, part, ui),
+                None => router,
+            },
+            // Below, with their own state.
+            HostHandler::RayParent(_) => router,
+        };
+    }
+    if let Some(ray) = &state.ray {
         router = router.merge(ray::parent::routes(Arc::clone(ray)));
     }
     router
         .fallback(fallback)
         .with_state(state)
-        // Outermost, so every request, proxied or not, gets a span.
+        // Outermost, so every request the router answers gets a span (and
+        // its start and end logged at debug). Module routes never reach the
+        // router: Dispatch gives them a span of their own.
         .layer(TraceLayer::new_for_http())
-}
-
-/// `Cache-Control: no-store`, as Ray sends its `index.html`.
-fn no_store() -> SetResponseHeaderLayer<HeaderValue> {
-    SetResponseHeaderLayer::overriding(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))
-}
-
-async fn healthz() -> impl IntoResponse {
-    ([(header::CACHE_CONTROL, "no-store")], "success")
-}
-
-/// The host's own status beyond its modules, for the UI's overview.
-pub const STATUS_PATH: &str = "/api/dashd/status";
-
-/// `{"ray": …}`: whether Ray's modules are hosted, and if not why.
-async fn status(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(header::CACHE_CONTROL, "no-store")],
-        Json(serde_json::json!({ "ray": &*state.ray_status })),
-    )
-}
-
-async fn list_modules(State(state): State<AppState>) -> impl IntoResponse {
-    let reports: Vec<_> = state
-        .supervisor
-        .modules()
-        .iter()
-        .map(|m| m.report())
-        .collect();
-    ([(header::CACHE_CONTROL, "no-store")], Json(reports))
-}
-
-async fn show_module(State(state): State<AppState>, Path(name): Path<String>) -> Response {
-    match state.supervisor.get(&name) {
-        Some(module) => {
-            ([(header::CACHE_CONTROL, "no-store")], Json(module.report())).into_response()
-        }
-        None => unknown_module(&name),
-    }
-}
-
-async fn restart_module(State(state): State<AppState>, Path(name): Path<String>) -> Response {
-    // A page of another origin was refused by the guard before this ran.
-    let Some(module) = state.supervisor.get(&name) else {
-        return unknown_module(&name);
-    };
-    if module.restart() {
-        info!(module = %name, "restart requested through the API");
-        (
-            StatusCode::ACCEPTED,
-            Json(serde_json::json!({ "module": name, "restarting": true })),
-        )
-            .into_response()
-    } else {
-        let body = serde_json::json!({
-            "module": name,
-            "restarting": false,
-            "message": "a restart of this module is already pending",
-        });
-        (StatusCode::CONFLICT, Json(body)).into_response()
-    }
-}
-
-fn unknown_module(name: &str) -> Response {
-    let body =
-        serde_json::json!({ "error": "Not Found", "message": format!("no module named {name:?}") });
-    (StatusCode::NOT_FOUND, Json(body)).into_response()
 }
 
 /// Paths that neither the host nor a module claims: the UI's files, or 404.
@@ -178,7 +111,7 @@ async fn fallback(State(state): State<AppState>, request: Request<Body>) -> Resp
     let lookup = state.proxy.lookup(&request);
     if lookup == Lookup::NotFound {
         if let Some(response) =
-            static_asset(request.method(), request.uri().path(), request.headers())
+            assets::static_asset(request.method(), request.uri().path(), request.headers())
         {
             return response;
         }
@@ -186,63 +119,9 @@ async fn fallback(State(state): State<AppState>, request: Request<Body>) -> Resp
     forward(&state.proxy, lookup, request).await
 }
 
-/// Serves a file of the embedded UI at its own path or under `/dashd/`;
-/// `/` and folders serve their `index.html`. Only embedded files exist, so
-/// no path can reach outside `static/`.
-fn static_asset(method: &Method, path: &str, headers: &HeaderMap) -> Option<Response> {
-    if method != Method::GET && method != Method::HEAD {
-        return None;
-    }
-    let relative = path
-        .strip_prefix("/dashd")
-        .filter(|rest| rest.is_empty() || rest.starts_with('/'))
-        .unwrap_or(path);
-    let relative = relative.trim_start_matches('/');
-    let name = if relative.is_empty() || relative.ends_with('/') {
-        format!("{relative}index.html")
-    } else {
-        relative.to_owned()
-    };
-    let file = Assets::get(&name)?;
-    let etag = format!("\"{}\"", hex(&file.metadata.sha256_hash()[..16]));
-    let cache = if name.ends_with(".html") {
-        "no-cache"
-    } else {
-        "public, max-age=300, must-revalidate"
-    };
-    let mut response = if headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        == Some(etag.as_str())
-    {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else if method == Method::HEAD {
-        Response::new(Body::empty())
-    } else {
-        Response::new(Body::from(file.data.into_owned()))
-    };
-    let h = response.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(file.metadata.mimetype()) {
-        h.insert(header::CONTENT_TYPE, v);
-    }
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    if let Ok(v) = HeaderValue::from_str(&etag) {
-        h.insert(header::ETAG, v);
-    }
-    Some(response)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The service every connection runs: module routes go straight to the
-/// proxy (the hot path: no router, no extra layers); everything else goes
-/// to the host's router.
+/// proxy (the hot path: no router, no layers, a request span only when
+/// debug logging is on); everything else goes to the host's router.
 #[derive(Debug, Clone)]
 pub struct Dispatch {
     proxy: Arc<Proxy>,
@@ -309,9 +188,46 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
             let router = self.router.clone();
             return Box::pin(async move { router.oneshot(request).await });
         }
+        let span = request_span(&self.proxy, &lookup, &request);
         let proxy = Arc::clone(&self.proxy);
-        Box::pin(async move { Ok(forward(&proxy, lookup, request).await) })
+        if span.is_disabled() {
+            return Box::pin(async move { Ok(forward(&proxy, lookup, request).await) });
+        }
+        Box::pin(async move {
+            let started = tokio::time::Instant::now();
+            let response = forward(&proxy, lookup, request)
+                .instrument(span.clone())
+                .await;
+            span.record("status", response.status().as_u16());
+            span.record("latency_us", started.elapsed().as_micros() as u64);
+            span.in_scope(|| debug!("finished processing request"));
+            Ok(response)
+        })
     }
+}
+
+/// The span of a request for a module route, as the router's `TraceLayer`
+/// gives its own requests (`request`, with the method, URI and version),
+/// plus the module and the route's kind, and the status and the time to
+/// the response head once known. Disabled, and made for nearly nothing
+/// (one check of the level, no field evaluated), unless debug logging is
+/// on for this module.
+fn request_span(proxy: &Proxy, lookup: &Lookup, request: &Request<Body>) -> tracing::Span {
+    // A path known to no method has no module.
+    let target = match lookup {
+        Lookup::Found(target) => Some(*target),
+        Lookup::MethodNotAllowed(_) | Lookup::NotFound => None,
+    };
+    tracing::debug_span!(
+        "request",
+        method = %request.method(),
+        uri = %request.uri(),
+        version = ?request.version(),
+        module = target.map(|t| proxy.module_name(t)),
+        kind = target.map(|t| tracing::field::display(t.kind)),
+        status = tracing::field::Empty,
+        latency_us = tracing::field::Empty,
+    )
 }
 
 /// Forwards a request a module route claims; failures become responses.
@@ -453,5 +369,88 @@ pub async fn serve(
         _ = tokio::time::sleep(settings.shutdown_grace) => {
             warn!(grace_ms = settings.shutdown_grace.as_millis() as u64, "drain timed out");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+
+    use crate::cli::Cli;
+    use crate::config::Config;
+    use crate::ray::gcs::GcsStatus;
+    use clap::Parser;
+
+    /// The router of a host with Ray's modules hosted and Ray's web UI in
+    /// `ui`, and no module of its own.
+    fn router_with_ray_ui(ui: &std::path::Path) -> Router {
+        let config = Config::builtin(&Cli::parse_from(["ray-dashd"])).expect("config");
+        let parent = RayParent {
+            ray_version: "2.60.0".to_owned(),
+            ui_dir: Some(ui.to_path_buf()),
+            timezone: serde_json::json!({ "offset": "+00:00", "value": "UTC" }),
+            token: None,
+            usage_stats_enabled: false,
+            usage_stats_prompt_enabled: false,
+            gcs: GcsStatus::default(),
+        };
+        router(AppState {
+            supervisor: Arc::new(Supervisor::without_modules()),
+            proxy: Arc::new(Proxy::new(Vec::new(), config.server)),
+            ray: Some(Arc::new(parent)),
+            ray_status: Arc::new(ray::RayStatus {
+                state: "hosted",
+                message: String::new(),
+                python: None,
+                python_source: None,
+                ray_version: Some("2.60.0".to_owned()),
+            }),
+        })
+    }
+
+    async fn get(router: &Router, path: &str) -> (StatusCode, String) {
+        let request = Request::get(path).body(Body::empty()).expect("request");
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Every path the host declares is answered by its router, none by the
+    /// fallback's "no route" (with Ray's modules and web UI, when all are
+    /// served), and Ray's UI paths by Ray's files: what the config keeps
+    /// module routes off is what the router serves.
+    #[tokio::test]
+    async fn the_router_serves_every_reserved_path() {
+        let ui = tempfile::tempdir().expect("tempdir");
+        std::fs::write(ui.path().join("index.html"), "ray's index").expect("write");
+        std::fs::write(ui.path().join("favicon.ico"), "ray's icon").expect("write");
+        std::fs::create_dir(ui.path().join("static")).expect("mkdir");
+        std::fs::write(ui.path().join("static/probe.js"), "ray's static").expect("write");
+        let router = router_with_ray_ui(ui.path());
+        for route in HOST_ROUTES {
+            let rest = match route.handler {
+                HostHandler::RayUi(_) => "probe.js",
+                _ => "index.html",
+            };
+            let path = route.path.replace("{*path}", rest).replace("{name}", "x");
+            let (status, body) = get(&router, &path).await;
+            assert!(
+                !(status == StatusCode::NOT_FOUND && body.contains("no route for")),
+                "{} ({path}) is not served: {status} {body}",
+                route.path
+            );
+            if let HostHandler::RayUi(_) = route.handler {
+                assert_eq!(status, StatusCode::OK, "{path}");
+                assert!(body.starts_with("ray's "), "{path}: {body}");
+            }
+        }
+        // The probe can tell: a path nobody declared is the fallback's.
+        let (status, body) = get(&router, "/api/not_a_host_path").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body.contains("no route for"), "{body}");
     }
 }

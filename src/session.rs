@@ -90,7 +90,7 @@ impl Session {
     /// a folder another user controls. Its mode is not checked: Ray itself
     /// opens it to 0777 again once its processes run; a listener another
     /// user puts in it is refused by the peer check on every connection
-    /// (`proxy::PeerCheck`).
+    /// (`connection::PeerCheck`).
     pub fn check_sockets(&self) -> io::Result<()> {
         let meta = fs::symlink_metadata(&self.sockets)?;
         let me = nix::unistd::geteuid().as_raw();

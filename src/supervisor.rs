@@ -24,7 +24,7 @@ mod spawn;
 mod state;
 mod task;
 
-pub use cgroup::{run_warden, CgroupMode, WARDEN_FLAG};
+pub use cgroup::{run_warden, WARDEN_FLAG};
 pub use containment::contain;
 
 use std::collections::HashMap;
@@ -40,8 +40,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::config::ModuleSpec;
-use crate::error::ProxyError;
-use crate::proxy::ConnectionStats;
+use crate::connection::ConnectionStats;
 use crate::session::Session;
 
 pub(crate) use state::Gate;
@@ -106,7 +105,7 @@ impl ModuleHandle {
     }
 
     /// Lets a request through to the healthy incarnation, or says why not.
-    pub(crate) fn admit(&self) -> Result<Gate, ProxyError> {
+    pub(crate) fn admit(&self) -> Result<Gate, NotReady> {
         self.shared.update(|s| match (&s.gate, s.state) {
             (Some(gate), ModuleState::Healthy) => Ok(gate.clone()),
             (_, state) => {
@@ -114,11 +113,7 @@ impl ModuleHandle {
                     .next_start_at
                     .and_then(|t| t.duration_since(SystemTime::now()).ok())
                     .unwrap_or(Duration::from_secs(1));
-                Err(ProxyError::NotReady {
-                    module: self.name().to_owned(),
-                    state: state.as_str(),
-                    retry_after,
-                })
+                Err(NotReady { state, retry_after })
             }
         })
     }
@@ -175,6 +170,16 @@ impl ModuleHandle {
             events: s.events.iter().cloned().collect(),
         })
     }
+}
+
+/// Why [`ModuleHandle::admit`] let a request not through: the module has no
+/// healthy incarnation now. The proxy answers it (503).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NotReady {
+    /// The module's state: starting, waiting, backing off, ….
+    pub(crate) state: ModuleState,
+    /// When to try again: when the next incarnation starts, else a second.
+    pub(crate) retry_after: Duration,
 }
 
 /// One module in `GET /api/modules`.
@@ -353,6 +358,16 @@ impl Supervisor {
             modules,
             tracker,
             stop,
+        }
+    }
+
+    /// A supervisor of no modules that runs no task, for router tests.
+    #[cfg(test)]
+    pub(crate) fn without_modules() -> Supervisor {
+        Supervisor {
+            modules: Vec::new(),
+            tracker: TaskTracker::new(),
+            stop: CancellationToken::new(),
         }
     }
 

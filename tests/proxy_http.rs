@@ -56,6 +56,42 @@ async fn forwards_method_path_query_and_body_exactly() {
     assert_eq!(echo["query"], "q=%2F");
 }
 
+/// With debug logging on, a request for a module route is traced as the
+/// host's own are, though it skips the host's router: a `request` span
+/// naming the module and the route's kind, ended with the status and the
+/// time the answer took.
+#[tokio::test]
+async fn a_proxied_request_gets_a_request_span() {
+    let d = dashd()
+        .module(test_module("tm"))
+        .env("RAY_DASHD_LOG", "info,ray_dashd=debug")
+        .start();
+    d.healthy("tm", 0).await;
+    let response = client()
+        .get(d.url("/test/echo?traced=1"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    let line = eventually(WAIT, || async {
+        d.log()
+            .lines()
+            .find(|l| l.contains("finished processing request") && l.contains("traced=1"))
+            .map(str::to_owned)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no span for the proxied request:\n{}", d.log()));
+    for field in [
+        "request{method=GET uri=/test/echo?traced=1",
+        "module=\"tm\"",
+        "kind=http",
+        "status=200",
+        "latency_us=",
+    ] {
+        assert!(line.contains(field), "{field} not in: {line}");
+    }
+}
+
 /// Hop-by-hop request headers, including one named in `Connection`, do not
 /// reach the module; end-to-end ones do.
 #[tokio::test]

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::RouteKind;
+use super::ray::{RayLaunch, RayModules};
+use super::CgroupMode;
 use crate::error::ConfigError;
-use crate::ray::{RayLaunch, RayModules};
-use crate::supervisor::CgroupMode;
+use crate::routes::RouteKind;
 
 /// A config file. Tables come after the top-level keys, as TOML needs them
 /// to when written out (`--check-config`).

@@ -1,9 +1,8 @@
 //! Unit tests of loading and validating the config.
 
 use super::raw::line_column;
+use super::ray::{PythonSource, RayLaunch, RayModules, RayPython, RaySettings};
 use super::*;
-use crate::ray::python::{PythonSource, RayPython};
-use crate::ray::{RayLaunch, RayModules};
 use clap::Parser;
 
 fn cli(args: &[&str]) -> Cli {
@@ -101,6 +100,18 @@ fn module_may_not_claim_host_paths() {
     assert!(msg.contains("ray-dashd (host)"), "{msg}");
 }
 
+/// A module route at each of the host's paths is refused, naming it.
+#[test]
+fn every_host_path_is_kept_from_module_routes() {
+    for host_path in crate::routes::host::HOST_PATHS {
+        let path = host_path.replace("{*path}", "x");
+        let msg = load(&module_with_route("GET", &path))
+            .expect_err(&path)
+            .to_string();
+        assert!(msg.contains(&format!("shadow {host_path},")), "{msg}");
+    }
+}
+
 fn module_with_route(method: &str, path: &str) -> String {
     format!(
         "[[modules]]\nname = \"shadow\"\ncommand = [\"x\"]\nroutes = [{{ method = \"{method}\", path = \"{path}\", type = \"http\" }}]\n"
@@ -150,6 +161,53 @@ fn module_routes_may_not_shadow_host_paths_with_any_method_or_pattern() {
     ] {
         load(&module_with_route(method, path)).expect(path);
     }
+}
+
+/// Modules the host builds as values are checked as the file's are:
+/// against the modules before them (names and routes) and the host's
+/// paths, each error naming where they came from and the field.
+#[test]
+fn added_module_values_are_checked_like_the_files_modules() {
+    let mut config = load(&module_with_route("GET", "/jobs/{job}")).expect("valid");
+    let spec = |name: &str, path: &str| ModuleSpec {
+        name: name.to_owned(),
+        program: "p".to_owned(),
+        args: Vec::new(),
+        env: BTreeMap::new(),
+        routes: vec![crate::routes::RouteSpec {
+            method: http::Method::GET,
+            path: path.to_owned(),
+            kind: crate::routes::RouteKind::Http,
+        }],
+        supervision: Supervision::default(),
+    };
+    for (module, problem) in [
+        (
+            spec("shadow", "/api/y"),
+            "modules[0].name: \"shadow\" is already the name of an earlier module (a built-in one, or one of the config's)",
+        ),
+        (
+            spec("other", "/jobs/{id}"),
+            "modules[0].routes[0].path: GET /jobs/{id} is claimed by both \"shadow\" (/jobs/{job}) and \"other\"",
+        ),
+        (
+            spec("other", "/api/healthz"),
+            "modules[0].routes[0].path: GET /api/healthz of module \"other\" would shadow /api/healthz, which ray-dashd (host) serves itself",
+        ),
+        (spec("", "/api/y"), "modules[0].name: \"\" must match [A-Za-z0-9_-]+"),
+        (spec("other", "api"), "modules[0].routes[0].path: \"api\" must start with '/'"),
+    ] {
+        let error = config
+            .add_modules("<built>", vec![module])
+            .expect_err(problem)
+            .to_string();
+        assert_eq!(error, format!("config <built>: {problem}"));
+    }
+    assert_eq!(config.modules.len(), 1);
+    config
+        .add_modules("<built>", vec![spec("other", "/api/y")])
+        .expect("fits");
+    assert_eq!(config.modules[1].name, "other");
 }
 
 /// Every route of Ray 2.60's dashboard modules but the GCS health check
@@ -407,15 +465,6 @@ fn ray_settings_default_to_auto_with_no_python_named() {
     assert!(load("[ray]\nlaunch = \"spawn\"\n").is_err());
 }
 
-#[test]
-fn normalized_patterns_ignore_parameter_names() {
-    assert_eq!(
-        normalize_pattern("/a/{x}/b/{y}"),
-        normalize_pattern("/a/{id}/b/{z}")
-    );
-    assert_ne!(normalize_pattern("/a/{x}"), normalize_pattern("/a/x"));
-}
-
 /// `--ray-python` (or its variable) wins over `[ray] python`, and an
 /// empty name is refused naming the field.
 #[test]
@@ -666,4 +715,37 @@ fn log_rotation_defaults_to_rays_and_rays_variables_win() {
         msg.starts_with("config test.toml: server.log_rotation_max_bytes: "),
         "{msg}"
     );
+}
+
+/// Bad `server.allowed_hosts` and `allowed_origins` entries are config
+/// errors naming the file and the entry; an origin listed twice is kept once.
+#[test]
+fn bad_allowed_entries_are_config_errors_naming_file_and_field() {
+    let cli = cli(&[]);
+    for (text, field) in [
+        (
+            "[server]\nallowed_hosts = [\"ok.example\", \"a:1\"]\n",
+            "server.allowed_hosts[1]",
+        ),
+        (
+            "[server]\nallowed_origins = [\"*\"]\n",
+            "server.allowed_origins[0]",
+        ),
+    ] {
+        let error = Config::from_toml("t.toml", text, &cli)
+            .expect_err(text)
+            .to_string();
+        assert!(
+            error.starts_with(&format!("config t.toml: {field}: ")),
+            "{error}"
+        );
+    }
+    let config = Config::from_toml(
+        "t.toml",
+        "[server]\nallowed_origins = [\"https://a.example\", \"HTTPS://A.example:443\"]\n",
+        &cli,
+    )
+    .expect("valid");
+    assert_eq!(config.server.allowed_origins, ["https://a.example"]);
+    assert!(config.server.allowed_hosts.is_empty());
 }

@@ -8,16 +8,17 @@ use std::time::Duration;
 
 use http::Method;
 
+use super::hosts::{allowed_host, allowed_origin};
 use super::raw::{RawConfig, RawModule, RawSupervision};
+use super::ray::{PythonSource, RayPython, RaySettings, DEFAULT_CLIENT_PORT, GCS_GONE_AFTER};
 use super::{
-    Config, ModuleSpec, Rotation, RouteKind, RouteSpec, ServerSettings, Supervision,
-    DEFAULT_BACKUP_COUNT, DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_MAX_BYTES, HOST_PATHS,
-    MIN_HEADER_BYTES,
+    Config, ModuleSpec, Rotation, ServerSettings, Supervision, DEFAULT_BACKUP_COUNT,
+    DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_MAX_BYTES, MIN_HEADER_BYTES,
 };
 use crate::cli::Cli;
 use crate::error::ConfigError;
-use crate::ray::python::{PythonSource, RayPython};
-use crate::ray::RaySettings;
+use crate::routes::host::HOST_PATHS;
+use crate::routes::{normalize_pattern, Lookup, RouteKind, RouteSpec, RouteTable};
 
 pub(super) struct Validator<'a> {
     pub(super) origin: &'a str,
@@ -77,15 +78,11 @@ impl Validator<'_> {
                 Some(0) => return Err(self.invalid("server.worker_threads", "must be at least 1")),
                 Some(n) => n,
             },
-            allowed_hosts: self.list(
-                "server.allowed_hosts",
-                s.allowed_hosts,
-                crate::guard::allowed_host,
-            )?,
+            allowed_hosts: self.list("server.allowed_hosts", s.allowed_hosts, allowed_host)?,
             allowed_origins: self.list(
                 "server.allowed_origins",
                 s.allowed_origins,
-                crate::guard::allowed_origin,
+                allowed_origin,
             )?,
             // Zero would refuse every client, health checks included.
             max_connections: match s.max_connections {
@@ -123,11 +120,11 @@ impl Validator<'_> {
                 client_port: cli
                     .ray_client_port
                     .or(raw.ray.client_port)
-                    .unwrap_or(crate::ray::DEFAULT_CLIENT_PORT),
+                    .unwrap_or(DEFAULT_CLIENT_PORT),
                 gcs_gone_after: match self.secs(
                     "ray.gcs_gone_secs",
                     raw.ray.gcs_gone_secs,
-                    crate::ray::GCS_GONE_AFTER,
+                    GCS_GONE_AFTER,
                 )? {
                     Duration::ZERO => {
                         return Err(self.invalid("ray.gcs_gone_secs", "must be more than 0"))
@@ -173,93 +170,25 @@ impl Validator<'_> {
         existing: &[ModuleSpec],
     ) -> Result<Vec<ModuleSpec>, ConfigError> {
         let mut modules = Vec::with_capacity(raw.len());
-        // name -> its index among `raw`, or `None` for an existing module
-        let mut names: HashMap<String, Option<usize>> = HashMap::new();
-        // (method, normalized path) -> (module, path as written)
-        let mut claimed: HashMap<(Method, String), (String, String)> = HashMap::new();
-        for module in existing {
-            names.insert(module.name.clone(), None);
-            for route in &module.routes {
-                claimed.insert(
-                    (route.method.clone(), normalize_pattern(&route.path)),
-                    (module.name.clone(), route.path.clone()),
-                );
-            }
-        }
-        let host_paths = HostPaths::new();
+        let mut claims = Claims::new(existing);
         for (i, m) in raw.into_iter().enumerate() {
             let at = format!("modules[{i}]");
-            if m.name.is_empty()
-                || !m
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-            {
-                return Err(self.invalid(
-                    format!("{at}.name"),
-                    format!("{:?} must match [A-Za-z0-9_-]+", m.name),
-                ));
-            }
-            if let Some(first) = names.insert(m.name.clone(), Some(i)) {
-                let first = match first {
-                    Some(first) => format!("modules[{first}]"),
-                    None => "an earlier module (a built-in one, or one of the config's)".to_owned(),
-                };
-                return Err(self.invalid(
-                    format!("{at}.name"),
-                    format!("{:?} is already the name of {first}", m.name),
-                ));
-            }
+            self.claim_name(&mut claims, &at, i, &m.name)?;
             let mut command = m.command.into_iter();
-            let program = match command.next() {
-                Some(p) if !p.is_empty() => p,
-                _ => return Err(self.invalid(format!("{at}.command"), "must name a program")),
-            };
-            for key in m.env.keys() {
-                if key.is_empty() || key.contains('=') || key.contains('\0') {
-                    return Err(self.invalid(
-                        format!("{at}.env"),
-                        format!("{key:?} is not a valid variable name"),
-                    ));
-                }
-            }
+            let program = command.next().unwrap_or_default();
+            self.check_program(&at, &program)?;
+            self.check_env(&at, &m.env)?;
             let mut routes = Vec::with_capacity(m.routes.len());
             for (j, r) in m.routes.into_iter().enumerate() {
                 let rat = format!("{at}.routes[{j}]");
                 let method = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
                     .map_err(|_| self.invalid(format!("{rat}.method"), "not an HTTP method"))?;
-                if r.kind == RouteKind::Websocket && method != Method::GET {
-                    return Err(
-                        self.invalid(format!("{rat}.method"), "a websocket route must be GET")
-                    );
-                }
-                check_pattern(&r.path).map_err(|p| self.invalid(format!("{rat}.path"), p))?;
                 let route = RouteSpec {
                     method,
                     path: r.path,
                     kind: r.kind,
                 };
-                if let Some(host_path) = host_paths.shadowed_by(&route) {
-                    return Err(self.invalid(
-                        format!("{rat}.path"),
-                        format!(
-                            "{} {} of module {:?} would shadow {host_path}, which ray-dashd (host) serves itself",
-                            route.method, route.path, m.name
-                        ),
-                    ));
-                }
-                let (method, path) = (&route.method, &route.path);
-                let key = (method.clone(), normalize_pattern(path));
-                if let Some((other, other_path)) = claimed.get(&key) {
-                    return Err(self.invalid(
-                        format!("{rat}.path"),
-                        format!(
-                            "{method} {path} is claimed by both {other:?} ({other_path}) and {:?}",
-                            m.name
-                        ),
-                    ));
-                }
-                claimed.insert(key, (m.name.clone(), path.clone()));
+                self.claim_route(&mut claims, &rat, &m.name, &route)?;
                 routes.push(route);
             }
             let supervision =
@@ -275,6 +204,116 @@ impl Validator<'_> {
         }
 
         Ok(modules)
+    }
+
+    /// Checks modules built as values (not read from TOML), which come
+    /// after `existing` ones, as [`Validator::modules`] checks those it
+    /// reads: names, commands, variables, and routes against each other,
+    /// the existing modules' and the host's paths. Their supervision is
+    /// typed already.
+    pub(super) fn specs(
+        &self,
+        specs: &[ModuleSpec],
+        existing: &[ModuleSpec],
+    ) -> Result<(), ConfigError> {
+        let mut claims = Claims::new(existing);
+        for (i, spec) in specs.iter().enumerate() {
+            let at = format!("modules[{i}]");
+            self.claim_name(&mut claims, &at, i, &spec.name)?;
+            self.check_program(&at, &spec.program)?;
+            self.check_env(&at, &spec.env)?;
+            for (j, route) in spec.routes.iter().enumerate() {
+                self.claim_route(&mut claims, &format!("{at}.routes[{j}]"), &spec.name, route)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the name of the module at `at` (index `i` among those being
+    /// checked) and takes it.
+    fn claim_name(
+        &self,
+        claims: &mut Claims,
+        at: &str,
+        i: usize,
+        name: &str,
+    ) -> Result<(), ConfigError> {
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(self.invalid(
+                format!("{at}.name"),
+                format!("{name:?} must match [A-Za-z0-9_-]+"),
+            ));
+        }
+        if let Some(first) = claims.names.insert(name.to_owned(), Some(i)) {
+            let first = match first {
+                Some(first) => format!("modules[{first}]"),
+                None => "an earlier module (a built-in one, or one of the config's)".to_owned(),
+            };
+            return Err(self.invalid(
+                format!("{at}.name"),
+                format!("{name:?} is already the name of {first}"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_program(&self, at: &str, program: &str) -> Result<(), ConfigError> {
+        if program.is_empty() {
+            return Err(self.invalid(format!("{at}.command"), "must name a program"));
+        }
+        Ok(())
+    }
+
+    fn check_env(&self, at: &str, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+        for key in env.keys() {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err(self.invalid(
+                    format!("{at}.env"),
+                    format!("{key:?} is not a valid variable name"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `route` of `module` (at `rat`) and takes its method and path:
+    /// a websocket is GET, the pattern is well formed, shadows none of the
+    /// host's paths and is no earlier module's.
+    fn claim_route(
+        &self,
+        claims: &mut Claims,
+        rat: &str,
+        module: &str,
+        route: &RouteSpec,
+    ) -> Result<(), ConfigError> {
+        let (method, path) = (&route.method, &route.path);
+        if route.kind == RouteKind::Websocket && method != Method::GET {
+            return Err(self.invalid(format!("{rat}.method"), "a websocket route must be GET"));
+        }
+        check_pattern(path).map_err(|p| self.invalid(format!("{rat}.path"), p))?;
+        if let Some(host_path) = claims.host_paths.shadowed_by(route) {
+            return Err(self.invalid(
+                format!("{rat}.path"),
+                format!(
+                    "{method} {path} of module {module:?} would shadow {host_path}, which ray-dashd (host) serves itself"
+                ),
+            ));
+        }
+        let key = (method.clone(), normalize_pattern(path));
+        if let Some((other, other_path)) = claims.routes.get(&key) {
+            return Err(self.invalid(
+                format!("{rat}.path"),
+                format!(
+                    "{method} {path} is claimed by both {other:?} ({other_path}) and {module:?}"
+                ),
+            ));
+        }
+        claims.routes.insert(key, (module.to_owned(), path.clone()));
+        Ok(())
     }
 
     /// Checks each entry of the list `field` with `check`, which gives the
@@ -400,6 +439,37 @@ impl Validator<'_> {
     }
 }
 
+/// What the modules checked so far have taken, with the host's paths.
+struct Claims {
+    /// Module name -> its index among those being checked, or `None` for
+    /// an existing module.
+    names: HashMap<String, Option<usize>>,
+    /// (method, normalized path) -> (module, path as written).
+    routes: HashMap<(Method, String), (String, String)>,
+    host_paths: HostPaths,
+}
+
+impl Claims {
+    /// What `existing` modules have taken.
+    fn new(existing: &[ModuleSpec]) -> Claims {
+        let mut claims = Claims {
+            names: HashMap::new(),
+            routes: HashMap::new(),
+            host_paths: HostPaths::new(),
+        };
+        for module in existing {
+            claims.names.insert(module.name.clone(), None);
+            for route in &module.routes {
+                claims.routes.insert(
+                    (route.method.clone(), normalize_pattern(&route.path)),
+                    (module.name.clone(), route.path.clone()),
+                );
+            }
+        }
+        claims
+    }
+}
+
 /// The host's own paths ([`HOST_PATHS`]), each with a matcher, for finding
 /// module routes that would shadow them.
 struct HostPaths(Vec<(&'static str, matchit::Router<()>)>);
@@ -426,19 +496,11 @@ impl HostPaths {
     /// its parameters filled from the route's segment at the same place,
     /// matches both; the route side is checked by the proxy's own matcher.
     fn shadowed_by(&self, route: &RouteSpec) -> Option<&'static str> {
-        let probe = ModuleSpec {
-            name: String::new(),
-            program: String::new(),
-            args: Vec::new(),
-            env: BTreeMap::new(),
-            routes: vec![route.clone()],
-            supervision: Supervision::default(),
-        };
-        let table = crate::routes::RouteTable::new(std::slice::from_ref(&probe));
+        let table = RouteTable::new([std::slice::from_ref(route)]);
         self.0.iter().find_map(|(host_path, matcher)| {
             let path = overlap_probe(&route.path, host_path);
-            let shadowed = matcher.at(&path).is_ok()
-                && table.lookup(&route.method, &path) != crate::routes::Lookup::NotFound;
+            let shadowed =
+                matcher.at(&path).is_ok() && table.lookup(&route.method, &path) != Lookup::NotFound;
             shadowed.then_some(*host_path)
         })
     }
@@ -505,21 +567,4 @@ pub(super) fn check_pattern(path: &str) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// The pattern with every parameter renamed by position, so that
-/// `/a/{x}` and `/a/{y}` count as the same path.
-pub(crate) fn normalize_pattern(path: &str) -> String {
-    let mut n = 0;
-    path.split('/')
-        .map(|segment| {
-            if segment.starts_with('{') {
-                n += 1;
-                format!("{{p{n}}}")
-            } else {
-                segment.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("/")
 }

@@ -2,7 +2,7 @@
 //! the same status codes, bodies and cookies: `/timezone`,
 //! `/api/authentication_mode`, `/api/authenticate`, `/usage_stats_enabled`,
 //! `/cluster_id`, and `/api/gcs_healthz` from the cached GCS check.
-//! Ray's web UI files are served by the host's router (`server.rs`).
+//! Ray's web UI files are served by the host's router (`server/assets.rs`).
 
 use std::sync::Arc;
 
@@ -16,21 +16,27 @@ use serde_json::json;
 use super::auth;
 use super::gcs::Liveness;
 use super::RayParent;
+use crate::routes::host::{HostHandler, ParentRoute, HOST_ROUTES};
 
-/// Where the host answers the GCS health check (Ray's ReportHead route,
-/// left out of ReportHead's routes when the host serves it).
-pub const GCS_HEALTH_PATH: &str = "/api/gcs_healthz";
-
-/// The parent-side routes, for any router state.
+/// The parent-side routes (those [`HOST_ROUTES`] gives to
+/// [`HostHandler::RayParent`]), for any router state.
 pub fn routes<S: Clone + Send + Sync + 'static>(parent: Arc<RayParent>) -> Router<S> {
-    Router::new()
-        .route(GCS_HEALTH_PATH, get(gcs_healthz))
-        .route("/timezone", get(timezone))
-        .route("/api/authentication_mode", get(authentication_mode))
-        .route("/api/authenticate", post(authenticate))
-        .route("/usage_stats_enabled", get(usage_stats_enabled))
-        .route("/cluster_id", get(cluster_id))
-        .with_state(parent)
+    let mut router = Router::new();
+    for route in HOST_ROUTES {
+        let HostHandler::RayParent(which) = route.handler else {
+            continue;
+        };
+        let handler = match which {
+            ParentRoute::GcsHealth => get(gcs_healthz),
+            ParentRoute::Timezone => get(timezone),
+            ParentRoute::AuthenticationMode => get(authentication_mode),
+            ParentRoute::Authenticate => post(authenticate),
+            ParentRoute::UsageStatsEnabled => get(usage_stats_enabled),
+            ParentRoute::ClusterId => get(cluster_id),
+        };
+        router = router.route(route.path, handler);
+    }
+    router.with_state(parent)
 }
 
 /// 200 `success` (as `application/text`, Ray's type) when the latest GCS

@@ -4,50 +4,12 @@
 //! processes run, the wheel's (the environment ray-dashd was installed
 //! into), `python3` on `PATH`.
 
-use std::fmt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A Python for Ray's modules, and where it came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RayPython {
-    /// The program: a path, or a name looked up on `PATH`.
-    pub program: String,
-    /// Where it came from, for the log and the UI.
-    pub source: PythonSource,
-}
-
-/// Where a [`RayPython`] came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PythonSource {
-    /// `--ray-python`.
-    Flag,
-    /// `RAY_DASHD_RAY_PYTHON`.
-    Env,
-    /// `[ray] python` of this config file.
-    ConfigFile(String),
-    /// What a process of the Ray head runs, described.
-    Head(String),
-    /// The Python of the wheel ray-dashd was installed from.
-    Wheel,
-    /// `python3` looked up on `PATH`.
-    Path,
-}
-
-impl fmt::Display for PythonSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PythonSource::Flag => f.write_str("--ray-python"),
-            PythonSource::Env => f.write_str("RAY_DASHD_RAY_PYTHON"),
-            PythonSource::ConfigFile(file) => write!(f, "[ray] python in {file}"),
-            PythonSource::Head(what) => f.write_str(what),
-            PythonSource::Wheel => f.write_str("the Python of ray-dashd's wheel"),
-            PythonSource::Path => f.write_str("python3 on PATH"),
-        }
-    }
-}
+use crate::config::ray::{PythonSource, RayPython};
 
 /// Where a Python is looked for when none is named, in this order; the
 /// first candidate that can import Ray is taken.

@@ -19,21 +19,7 @@ use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
-
-/// Whether module incarnations run in cgroups of their own
-/// (`server.cgroups`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CgroupMode {
-    /// Where cgroup v2 is mounted and the host's own cgroup is writable.
-    #[default]
-    Auto,
-    /// Never: descendants are found through `/proc` only, and those in
-    /// other sessions outlive a SIGKILL of the host.
-    Off,
-}
 
 /// The variable that names an incarnation's cgroup to the module: a Python
 /// module forked by the zygote moves itself there before it runs.

@@ -11,8 +11,9 @@ use rustix::process::Signal;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::cgroup::{CgroupMode, Cgroups, IncarnationCgroup};
+use super::cgroup::{Cgroups, IncarnationCgroup};
 use super::descendants::Descendants;
+use crate::config::CgroupMode;
 
 /// How often, at most, the host looks at all its descendants when it has
 /// no cgroups: the staleness of who-owns-what for an orphan whose parent

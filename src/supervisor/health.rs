@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use http_body_util::BodyExt;
 
-use crate::proxy::{error_chain, ModulePool};
+use crate::connection::ModulePool;
+use crate::error::error_chain;
 
 /// Largest healthz body read (and thrown away) so the connection is reused.
 const MAX_HEALTHZ_BODY: usize = 64 * 1024;

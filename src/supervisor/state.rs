@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::proxy::ModulePool;
+use crate::connection::ModulePool;
 
 /// How many past events a module keeps for `/api/modules`.
 const EVENT_HISTORY: usize = 32;

@@ -18,7 +18,7 @@ use super::spawn::{log_name, spawn_module, stop_child, tail, Spawned};
 use super::state::{Gate, ModuleState};
 use super::ModuleShared;
 use crate::config::Supervision;
-use crate::proxy::{ModulePool, PeerCheck};
+use crate::connection::{ModulePool, PeerCheck};
 use crate::session::Session;
 
 /// First pause between startup probes; it doubles up to [`MAX_STARTUP_POLL`].

@@ -25,9 +25,9 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::connection::ModuleStream;
 use crate::descriptors::ClientStream;
 use crate::proxy::idle::{is_send_timeout, WriteTimeout};
-use crate::proxy::module_stream::ModuleStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};

@@ -1,6 +1,6 @@
 //! The request guard: whether the server answers a request at all, judged by
 //! the names it carries (`Host`, `Origin`, `Sec-Fetch-Site`) before any route
-//! runs. [`Dispatch`](crate::server::Dispatch) runs it on every request, a
+//! runs. [`Dispatch`](super::Dispatch) runs it on every request, a
 //! module's or the host's own; it allocates nothing unless it refuses.
 //!
 //! Any page in the operator's browser can send requests to 127.0.0.1:8265,
@@ -20,6 +20,7 @@ use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use crate::config::hosts::{split_authority, ALLOWED_HOSTS, ALLOWED_ORIGINS};
 use crate::config::ServerSettings;
 
 /// Host names that mean this machine whatever DNS says; loopback IP literals
@@ -28,10 +29,6 @@ const LOOPBACK_NAMES: [&str; 1] = ["localhost"];
 
 /// The loopback hosts, as refusals and docs name them.
 const LOOPBACK_TEXT: &str = "localhost, 127.x.x.x or [::1] (any port)";
-
-/// The settings that admit more, named in refusals.
-const ALLOWED_HOSTS: &str = "server.allowed_hosts";
-const ALLOWED_ORIGINS: &str = "server.allowed_origins";
 
 /// The Fetch standard's request header naming how the page that sent a
 /// request relates to its target; `cross-site` means another site's page.
@@ -303,108 +300,6 @@ fn names_loopback(host: &str) -> bool {
         .iter()
         .any(|name| name.eq_ignore_ascii_case(host))
         || host.parse::<Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// Splits `host[:port]` (RFC 3986 §3.2.2, as `Host` carries it) into the
-/// host (an IPv6 address keeps its brackets) and the port; `None` when it is
-/// not that.
-fn split_authority(authority: &str) -> Option<(&str, Option<&str>)> {
-    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
-        let end = rest.find(']')?;
-        rest[..end].parse::<Ipv6Addr>().ok()?;
-        let port = match &rest[end + 1..] {
-            "" => None,
-            after => Some(after.strip_prefix(':')?),
-        };
-        (&authority[..end + 2], port)
-    } else {
-        match authority.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
-        }
-    };
-    let reg_name = |b: u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b);
-    let host_ok = host.starts_with('[') || host.bytes().all(reg_name);
-    let port_ok = port.is_none_or(|p| p.bytes().all(|b| b.is_ascii_digit()));
-    (host_ok && port_ok).then_some((host, port))
-}
-
-// === config values ===
-
-/// Checks an entry of `server.allowed_hosts` and gives the form the guard
-/// compares: a host name or IP address without a port, lowercase. The
-/// error is the problem, for the config error naming the field.
-pub(crate) fn allowed_host(entry: &str) -> Result<String, String> {
-    if entry.is_empty() {
-        return Err("must not be empty".to_owned());
-    }
-    if entry.contains('*') {
-        return Err("wildcards are not supported; list each host name".to_owned());
-    }
-    if entry.contains("://") {
-        return Err(format!(
-            "{entry:?} is a URL; give the host name alone (origins go in {ALLOWED_ORIGINS})"
-        ));
-    }
-    if entry.parse::<Ipv6Addr>().is_ok() {
-        return Err(format!(
-            "write an IPv6 address in brackets, as Host has it: \"[{entry}]\""
-        ));
-    }
-    match split_authority(entry) {
-        Some((host, None)) if !host.is_empty() => Ok(host.to_ascii_lowercase()),
-        Some((host, Some(_))) if !host.is_empty() => Err(format!(
-            "{entry:?} has a port; give the host without it (every port is admitted): {host:?}"
-        )),
-        _ => Err(format!("{entry:?} is not a host name or IP address")),
-    }
-}
-
-/// Checks an entry of `server.allowed_origins` and gives the form browsers
-/// send in `Origin` (lowercase, the default port left out), which the guard
-/// compares.
-pub(crate) fn allowed_origin(entry: &str) -> Result<String, String> {
-    match entry {
-        "*" => {
-            return Err(
-                "\"*\" is not supported: it would let every web page open websockets and send writes here; list each origin"
-                    .to_owned(),
-            )
-        }
-        "null" => {
-            return Err(
-                "\"null\" is not supported: every sandboxed or local page sends it".to_owned(),
-            )
-        }
-        _ => {}
-    }
-    let shape = || {
-        format!("{entry:?} is not an origin: write scheme://host[:port], such as \"https://dash.example.com\"")
-    };
-    let (scheme, authority) = entry.split_once("://").ok_or_else(shape)?;
-    let scheme = scheme.to_ascii_lowercase();
-    let default_port = match scheme.as_str() {
-        "http" => "80",
-        "https" => "443",
-        _ => return Err(format!("{entry:?}: the scheme must be http or https")),
-    };
-    if let Some((authority, _)) = authority.split_once('/') {
-        return Err(format!(
-            "{entry:?}: an origin has no path; write \"{scheme}://{authority}\""
-        ));
-    }
-    let (host, port) = split_authority(authority)
-        .filter(|(host, _)| !host.is_empty())
-        .ok_or_else(shape)?;
-    let host = host.to_ascii_lowercase();
-    match port {
-        None => Ok(format!("{scheme}://{host}")),
-        Some(port) if port == default_port => Ok(format!("{scheme}://{host}")),
-        Some(port) => match port.parse::<u16>() {
-            Ok(n) if n > 0 => Ok(format!("{scheme}://{host}:{n}")),
-            _ => Err(format!("{entry:?}: the port must be 1 to 65535")),
-        },
-    }
 }
 
 /// Ray's dashboard answers a request that looks like a browser's with 405

@@ -1,0 +1,168 @@
+//! `server.allowed_hosts` and `server.allowed_origins`: each entry checked
+//! and put in the normal form the request guard (`server::guard`) compares,
+//! and the `host[:port]` syntax the guard reads `Host` with.
+
+use std::net::Ipv6Addr;
+
+/// The settings that admit more hosts and origins, as errors and the
+/// guard's refusals name them.
+pub(crate) const ALLOWED_HOSTS: &str = "server.allowed_hosts";
+pub(crate) const ALLOWED_ORIGINS: &str = "server.allowed_origins";
+
+/// Checks an entry of `server.allowed_hosts` and gives the form the guard
+/// compares: a host name or IP address without a port, lowercase. The
+/// error is the problem, for the config error naming the field.
+pub(crate) fn allowed_host(entry: &str) -> Result<String, String> {
+    if entry.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    if entry.contains('*') {
+        return Err("wildcards are not supported; list each host name".to_owned());
+    }
+    if entry.contains("://") {
+        return Err(format!(
+            "{entry:?} is a URL; give the host name alone (origins go in {ALLOWED_ORIGINS})"
+        ));
+    }
+    if entry.parse::<Ipv6Addr>().is_ok() {
+        return Err(format!(
+            "write an IPv6 address in brackets, as Host has it: \"[{entry}]\""
+        ));
+    }
+    match split_authority(entry) {
+        Some((host, None)) if !host.is_empty() => Ok(host.to_ascii_lowercase()),
+        Some((host, Some(_))) if !host.is_empty() => Err(format!(
+            "{entry:?} has a port; give the host without it (every port is admitted): {host:?}"
+        )),
+        _ => Err(format!("{entry:?} is not a host name or IP address")),
+    }
+}
+
+/// Checks an entry of `server.allowed_origins` and gives the form browsers
+/// send in `Origin` (lowercase, the default port left out), which the guard
+/// compares.
+pub(crate) fn allowed_origin(entry: &str) -> Result<String, String> {
+    match entry {
+        "*" => {
+            return Err(
+                "\"*\" is not supported: it would let every web page open websockets and send writes here; list each origin"
+                    .to_owned(),
+            )
+        }
+        "null" => {
+            return Err(
+                "\"null\" is not supported: every sandboxed or local page sends it".to_owned(),
+            )
+        }
+        _ => {}
+    }
+    let shape = || {
+        format!("{entry:?} is not an origin: write scheme://host[:port], such as \"https://dash.example.com\"")
+    };
+    let (scheme, authority) = entry.split_once("://").ok_or_else(shape)?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => "80",
+        "https" => "443",
+        _ => return Err(format!("{entry:?}: the scheme must be http or https")),
+    };
+    if let Some((authority, _)) = authority.split_once('/') {
+        return Err(format!(
+            "{entry:?}: an origin has no path; write \"{scheme}://{authority}\""
+        ));
+    }
+    let (host, port) = split_authority(authority)
+        .filter(|(host, _)| !host.is_empty())
+        .ok_or_else(shape)?;
+    let host = host.to_ascii_lowercase();
+    match port {
+        None => Ok(format!("{scheme}://{host}")),
+        Some(port) if port == default_port => Ok(format!("{scheme}://{host}")),
+        Some(port) => match port.parse::<u16>() {
+            Ok(n) if n > 0 => Ok(format!("{scheme}://{host}:{n}")),
+            _ => Err(format!("{entry:?}: the port must be 1 to 65535")),
+        },
+    }
+}
+
+/// Splits `host[:port]` (RFC 3986 §3.2.2, as `Host` carries it) into the
+/// host (an IPv6 address keeps its brackets) and the port; `None` when it is
+/// not that.
+pub(crate) fn split_authority(authority: &str) -> Option<(&str, Option<&str>)> {
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let end = rest.find(']')?;
+        rest[..end].parse::<Ipv6Addr>().ok()?;
+        let port = match &rest[end + 1..] {
+            "" => None,
+            after => Some(after.strip_prefix(':')?),
+        };
+        (&authority[..end + 2], port)
+    } else {
+        match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    let reg_name = |b: u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b);
+    let host_ok = host.starts_with('[') || host.bytes().all(reg_name);
+    let port_ok = port.is_none_or(|p| p.bytes().all(|b| b.is_ascii_digit()));
+    (host_ok && port_ok).then_some((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allowed_hosts_entries_are_host_names_without_ports() {
+        assert_eq!(
+            allowed_host("Dash.Example.com"),
+            Ok("dash.example.com".to_owned())
+        );
+        assert_eq!(allowed_host("10.0.0.5"), Ok("10.0.0.5".to_owned()));
+        assert_eq!(allowed_host("[FE80::1]"), Ok("[fe80::1]".to_owned()));
+        for (entry, problem) in [
+            ("", "must not be empty"),
+            ("*", "wildcards are not supported"),
+            ("*.example.com", "wildcards are not supported"),
+            ("https://dash.example.com", "server.allowed_origins"),
+            ("::1", "\"[::1]\""),
+            ("dash.example.com:8265", "every port is admitted"),
+            ("dash example", "not a host name"),
+            ("dash.example.com/x", "not a host name"),
+        ] {
+            let error = allowed_host(entry).expect_err(entry);
+            assert!(error.contains(problem), "{entry}: {error}");
+        }
+    }
+
+    #[test]
+    fn allowed_origins_entries_are_normalized_as_browsers_send_them() {
+        for (entry, normal) in [
+            ("https://Dash.Example.com", "https://dash.example.com"),
+            ("HTTPS://dash.example.com:443", "https://dash.example.com"),
+            ("http://localhost:80", "http://localhost"),
+            ("http://localhost:3000", "http://localhost:3000"),
+            ("http://[::1]:8265", "http://[::1]:8265"),
+        ] {
+            assert_eq!(allowed_origin(entry), Ok(normal.to_owned()), "{entry}");
+        }
+        for (entry, problem) in [
+            ("*", "every web page"),
+            ("null", "sandboxed"),
+            ("dash.example.com", "scheme://host[:port]"),
+            ("ftp://dash.example.com", "http or https"),
+            (
+                "https://dash.example.com/",
+                "no path; write \"https://dash.example.com\"",
+            ),
+            ("https://", "scheme://host[:port]"),
+            ("https://dash.example.com:0", "1 to 65535"),
+            ("https://dash.example.com:99999", "1 to 65535"),
+            ("https://dash.example.com:", "1 to 65535"),
+        ] {
+            let error = allowed_origin(entry).expect_err(entry);
+            assert!(error.contains(problem), "{entry}: {error}");
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The `[ray]` settings: whether and how Ray's own dashboard modules are
+//! hosted. Only the values; what they start is in [`crate::ray`], above.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Default of `[ray] gcs_gone_secs`: how long the GCS may stay unreachable
+/// before the head counts as gone. Ray's own processes give up on a GCS
+/// after the same time (`gcs_rpc_server_reconnect_timeout_s`).
+pub const GCS_GONE_AFTER: Duration = Duration::from_secs(60);
+
+/// The port Ray clients connect to (`ray://head:10001`).
+pub const DEFAULT_CLIENT_PORT: u16 = 10001;
+
+/// When to host Ray's modules.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RayModules {
+    /// When the session folder belongs to a Ray head (its temp dir names a
+    /// GCS in `ray_current_cluster`) and `python` can import Ray.
+    #[default]
+    Auto,
+    /// Always; a failure to read Ray's routes stops ray-dashd.
+    On,
+    /// Never.
+    Off,
+}
+
+/// How Ray's modules are started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RayLaunch {
+    /// Forked from one Python process that preloaded Ray and the module
+    /// classes (`zygote.py`), each through a `ray-dashd fork-shim`; a module
+    /// the zygote cannot fork starts standalone.
+    #[default]
+    Fork,
+    /// Each module its own `python launcher.py <ClassName>`.
+    Standalone,
+}
+
+/// The `[ray]` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaySettings {
+    /// When to host Ray's modules.
+    pub modules: RayModules,
+    /// The Python that has `ray` installed, when one is named; else one is
+    /// found at start-up (`ray::python::find`).
+    pub python: Option<RayPython>,
+    /// The Ray Client proxy's port; 0: no proxy.
+    pub client_port: u16,
+    /// How long the head's GCS may stay unreachable before ray-dashd stops.
+    pub gcs_gone_after: Duration,
+    /// How the modules are started.
+    pub launch: RayLaunch,
+}
+
+impl Default for RaySettings {
+    fn default() -> Self {
+        RaySettings {
+            modules: RayModules::Auto,
+            python: None,
+            client_port: DEFAULT_CLIENT_PORT,
+            gcs_gone_after: GCS_GONE_AFTER,
+            launch: RayLaunch::Fork,
+        }
+    }
+}
+
+/// A Python for Ray's modules, and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RayPython {
+    /// The program: a path, or a name looked up on `PATH`.
+    pub program: String,
+    /// Where it came from, for the log and the UI.
+    pub source: PythonSource,
+}
+
+/// Where a [`RayPython`] came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PythonSource {
+    /// `--ray-python`.
+    Flag,
+    /// `RAY_DASHD_RAY_PYTHON`.
+    Env,
+    /// `[ray] python` of this config file.
+    ConfigFile(String),
+    /// What a process of the Ray head runs, described.
+    Head(String),
+    /// The Python of the wheel ray-dashd was installed from.
+    Wheel,
+    /// `python3` looked up on `PATH`.
+    Path,
+}
+
+impl fmt::Display for PythonSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PythonSource::Flag => f.write_str("--ray-python"),
+            PythonSource::Env => f.write_str("RAY_DASHD_RAY_PYTHON"),
+            PythonSource::ConfigFile(file) => write!(f, "[ray] python in {file}"),
+            PythonSource::Head(what) => f.write_str(what),
+            PythonSource::Wheel => f.write_str("the Python of ray-dashd's wheel"),
+            PythonSource::Path => f.write_str("python3 on PATH"),
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Connections to the modules: HTTP/1.1 over an incarnation's Unix socket,
+//! pooled per incarnation ([`ModulePool`]), on a stream woken for reading
+//! only ([`ModuleStream`]), to a listener checked to be the incarnation's
+//! own ([`PeerCheck`]). The layer below both the supervisor, which opens a
+//! pool for each incarnation and probes its health through it, and the
+//! proxy, which sends requests through the pool the supervisor's gate holds.
+
+mod module_stream;
+mod peer;
+mod pool;
+
+pub(crate) use module_stream::ModuleStream;
+pub use peer::PeerCheck;
+pub use pool::{ConnectionStats, ModulePool};
+pub(crate) use pool::{PoolError, PooledBody};

@@ -1,0 +1,77 @@
+//! The host's own API under `/api/` (health, the modules' reports, a
+//! module's restart, the host's status): one handler per [`ApiRoute`]. Its
+//! refusals are [`ApiError`]s, answered in one place.
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, MethodRouter};
+use axum::Json;
+use tracing::info;
+
+use super::AppState;
+use crate::error::ApiError;
+use crate::routes::host::ApiRoute;
+
+/// The handler of a route of the host's API.
+pub(super) fn handler(route: ApiRoute) -> MethodRouter<AppState> {
+    match route {
+        ApiRoute::Healthz => get(healthz),
+        ApiRoute::Modules => get(list_modules),
+        ApiRoute::Module => get(show_module),
+        ApiRoute::RestartModule => post(restart_module),
+        ApiRoute::Status => get(status),
+    }
+}
+
+async fn healthz() -> impl IntoResponse {
+    ([(header::CACHE_CONTROL, "no-store")], "success")
+}
+
+/// `{"ray": …}`: whether Ray's modules are hosted, and if not why.
+async fn status(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CACHE_CONTROL, "no-store")],
+        Json(serde_json::json!({ "ray": &*state.ray_status })),
+    )
+}
+
+async fn list_modules(State(state): State<AppState>) -> impl IntoResponse {
+    let reports: Vec<_> = state
+        .supervisor
+        .modules()
+        .iter()
+        .map(|m| m.report())
+        .collect();
+    ([(header::CACHE_CONTROL, "no-store")], Json(reports))
+}
+
+async fn show_module(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let module = state
+        .supervisor
+        .get(&name)
+        .ok_or(ApiError::UnknownModule { name })?;
+    Ok(([(header::CACHE_CONTROL, "no-store")], Json(module.report())).into_response())
+}
+
+async fn restart_module(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    // A page of another origin was refused by the guard before this ran.
+    let Some(module) = state.supervisor.get(&name) else {
+        return Err(ApiError::UnknownModule { name });
+    };
+    if !module.restart() {
+        return Err(ApiError::RestartPending { module: name });
+    }
+    info!(module = %name, "restart requested through the API");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "module": name, "restarting": true })),
+    )
+        .into_response())
+}

@@ -33,10 +33,10 @@ use tracing::{debug, info, warn};
 
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
-use crate::proxy::{is_send_timeout, Proxy, WriteTimeout};
+use crate::proxy::{is_send_timeout, Proxy, Routed, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
+use crate::reload::Reloader;
 use crate::routes::host::{HostHandler, HOST_ROUTES};
-use crate::routes::Lookup;
 use crate::supervisor::Supervisor;
 use guard::{Guard, Refusal};
 
@@ -73,6 +73,9 @@ pub struct AppState {
     pub ray: Option<Arc<RayParent>>,
     /// Whether Ray's modules are hosted, and why not.
     pub ray_status: Arc<ray::RayStatus>,
+    /// What `POST /api/reload` runs; `None` where there is nothing to read
+    /// again.
+    pub reloader: Option<Arc<Reloader>>,
 }
 
 /// The host's routes ([`HOST_ROUTES`]), with the proxy (then the UI)
@@ -107,7 +110,7 @@ pub fn router(state: AppState) -> Router {
 /// Paths that neither the host nor a module claims: the UI's files, or 404.
 async fn fallback(State(state): State<AppState>, request: Request<Body>) -> Response {
     let lookup = state.proxy.lookup(&request);
-    if lookup == Lookup::NotFound {
+    if lookup.is_not_found() {
         if let Some(response) =
             assets::static_asset(request.method(), request.uri().path(), request.headers())
         {
@@ -182,7 +185,7 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
             return Box::pin(async move { Ok(refused) });
         }
         let lookup = self.proxy.lookup(&request);
-        if lookup == Lookup::NotFound {
+        if lookup.is_not_found() {
             let router = self.router.clone();
             return Box::pin(async move { router.oneshot(request).await });
         }
@@ -192,7 +195,7 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
 }
 
 /// Forwards a request a module route claims; failures become responses.
-async fn forward(proxy: &Proxy, lookup: Lookup, request: Request<Body>) -> Response {
+async fn forward(proxy: &Proxy, lookup: Routed, request: Request<Body>) -> Response {
     match proxy.forward(lookup, request).await {
         Ok(response) => response,
         Err(error) => {
@@ -357,8 +360,10 @@ mod tests {
             gcs: GcsStatus::default(),
         };
         router(AppState {
-            supervisor: Arc::new(Supervisor::without_modules()),
-            proxy: Arc::new(Proxy::new(Vec::new(), config.server)),
+            supervisor: Arc::new(Supervisor::without_modules(
+                &crate::session::Session::prepare(ui).expect("a session in the test's folder"),
+            )),
+            proxy: Arc::new(Proxy::new(Arc::from(Vec::new()), config.server)),
             ray: Some(Arc::new(parent)),
             ray_status: Arc::new(ray::RayStatus {
                 state: "hosted",
@@ -367,6 +372,7 @@ mod tests {
                 python_source: None,
                 ray_version: Some("2.60.0".to_owned()),
             }),
+            reloader: None,
         })
     }
 

@@ -105,7 +105,7 @@ pub enum CgroupMode {
 }
 
 /// One module: how to start it, how to supervise it and which routes it serves.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModuleSpec {
     /// Unique name, `[A-Za-z0-9_-]+`; names the socket `dash_<name>`.
     pub name: String,

@@ -294,6 +294,15 @@ pub enum ApiError {
         /// The module's name.
         module: String,
     },
+    /// A reload read a config that is not valid; nothing changed.
+    #[error("{message}; the running config is kept")]
+    BadConfig {
+        /// The config error, naming the file, the field and the problem.
+        message: String,
+    },
+    /// This host was started without a config source to read again.
+    #[error("this ray-dashd cannot reload its config")]
+    NoReload,
 }
 
 impl IntoResponse for ApiError {
@@ -307,6 +316,14 @@ impl IntoResponse for ApiError {
             ApiError::RestartPending { module } => (
                 StatusCode::CONFLICT,
                 serde_json::json!({ "module": module, "restarting": false, "message": message }),
+            ),
+            ApiError::BadConfig { .. } => (
+                StatusCode::BAD_REQUEST,
+                serde_json::json!({ "error": "Bad Config", "message": message }),
+            ),
+            ApiError::NoReload => (
+                StatusCode::NOT_IMPLEMENTED,
+                serde_json::json!({ "error": "Not Implemented", "message": message }),
             ),
         };
         (status, axum::Json(body)).into_response()

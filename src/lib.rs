@@ -36,6 +36,7 @@ pub mod error;
 pub mod logging;
 pub mod proxy;
 pub mod ray;
+pub mod reload;
 pub mod routes;
 pub mod server;
 pub mod session;
@@ -51,9 +52,11 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
+use crate::cli::Cli;
 use crate::config::Config;
 use crate::error::StartupError;
 use crate::proxy::Proxy;
+use crate::reload::{ReloadSource, Reloader};
 use crate::server::AppState;
 use crate::session::Session;
 use crate::supervisor::Supervisor;
@@ -127,8 +130,9 @@ fn max_connections(config: &Config, nofile: u64) -> usize {
 }
 
 /// Prepares the session, starts logging and the runtime, binds, and serves
-/// until SIGTERM or SIGINT, or until the Ray head it serves is gone.
-pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
+/// until SIGTERM or SIGINT, or until the Ray head it serves is gone;
+/// `config` was loaded from `cli`, which a reload reads again.
+pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
     let session =
         Session::prepare(&config.session_dir)?.with_log_rotation(config.server.log_rotation);
     // Held until `launch` returns, after everything else stopped: its drop
@@ -149,6 +153,9 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
         .enable_all()
         .build()
         .map_err(StartupError::Runtime)?;
+    // What a reload reads again: the config as the command line names it,
+    // and the modules hosted beyond it, added next.
+    let file_modules = config.modules.len();
     // Ray's zygote, when it is started here already, is a tokio child.
     let ray::RayStart {
         head: ray_head,
@@ -172,6 +179,7 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
     for module in &config.modules {
         Session::check_socket_path(&session.socket_path(&module.name))?;
     }
+    let reload = ReloadSource::new(cli, file_modules, &config);
     let served = runtime.block_on(async {
         let addr = SocketAddr::new(config.host, config.port);
         let listener = TcpListener::bind(addr)
@@ -202,10 +210,17 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
                 }
             }
         };
-        run(
-            config, session, listener, parent, token, ray_status, early, nofile, shutdown,
-        )
-        .await;
+        let prepared = Prepared {
+            config,
+            session,
+            ray: parent,
+            token,
+            ray_status,
+            early: early.into_iter().collect(),
+            nofile,
+            reload: Some(reload),
+        };
+        run(prepared, listener, shutdown).await;
         Ok(stopped)
     });
     // A blocking helper still running must not hold up the exit; the
@@ -216,34 +231,61 @@ pub fn launch(mut config: Config) -> Result<Stopped, StartupError> {
     served
 }
 
-/// Starts the modules (taking over those in `early`) and serves on
-/// `listener` (with Ray's parent-side pages when `ray` is given, only to
-/// requests bearing `token` when given, and `ray_status` for the UI) until
-/// `shutdown` resolves, at most as many clients at once as `nofile` open
-/// files leave room for (unless `server.max_connections` says);
-/// then drains the HTTP server, stops the modules and removes their sockets.
-// Each argument is a separate product of start-up (tests pass their own);
-// a struct of them would only rename the list.
-#[allow(clippy::too_many_arguments)]
-pub async fn run(
-    config: Config,
-    session: Session,
-    listener: TcpListener,
-    ray: Option<ray::RayParent>,
-    token: Option<ray::auth::Token>,
-    ray_status: ray::RayStatus,
-    early: impl IntoIterator<Item = supervisor::EarlyStart>,
-    nofile: u64,
-    shutdown: impl Future<Output = ()>,
-) {
+/// What start-up prepared for [`run`].
+#[derive(Debug)]
+pub struct Prepared {
+    /// The config, Ray's modules included.
+    pub config: Config,
+    /// The session folder.
+    pub session: Session,
+    /// Ray's parent-side pages, when Ray's modules are hosted.
+    pub ray: Option<ray::RayParent>,
+    /// When given, only requests bearing it are served (token mode).
+    pub token: Option<ray::auth::Token>,
+    /// Whether Ray's modules are hosted, for the UI.
+    pub ray_status: ray::RayStatus,
+    /// Modules started already, for the supervisor to take over.
+    pub early: Vec<supervisor::EarlyStart>,
+    /// The open-file limit, which caps the clients served at once (unless
+    /// `server.max_connections` says).
+    pub nofile: u64,
+    /// Where a reload (SIGHUP, `POST /api/reload`) reads the config again;
+    /// `None`: no reload.
+    pub reload: Option<ReloadSource>,
+}
+
+/// Starts the modules (taking over those `prepared` has started) and
+/// serves on `listener` until `shutdown` resolves, reloading the config on
+/// SIGHUP; then drains the HTTP server, stops the modules and removes their
+/// sockets.
+pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let Prepared {
+        config,
+        session,
+        ray,
+        token,
+        ray_status,
+        early,
+        nofile,
+        reload,
+    } = prepared;
     let local = listener
         .local_addr()
         .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
     let supervisor = Arc::new(Supervisor::start(&config.modules, &session, early));
-    let proxy = Arc::new(Proxy::new(
-        supervisor.modules().to_vec(),
-        config.server.clone(),
-    ));
+    let proxy = Arc::new(Proxy::new(supervisor.modules(), config.server.clone()));
+    let reloader = reload.map(|source| {
+        Arc::new(Reloader::new(
+            source,
+            config.clone(),
+            session.clone(),
+            Arc::clone(&supervisor),
+            Arc::clone(&proxy),
+        ))
+    });
+    if let Some(reloader) = &reloader {
+        on_sighup(Arc::clone(reloader));
+    }
     // The address actually bound decides whether Host is checked.
     let bound = listener.local_addr().map_or(config.host, |a| a.ip());
     let guard = server::guard::Guard::new(&config.server, bound, ray.is_some());
@@ -253,6 +295,7 @@ pub async fn run(
             proxy,
             ray: ray.map(Arc::new),
             ray_status: Arc::new(ray_status),
+            reloader,
         },
         guard,
         token,
@@ -281,4 +324,23 @@ pub async fn run(
         ),
     }
     supervisor.sweep().await;
+}
+
+/// Reloads the config at every SIGHUP, for the life of the runtime. A
+/// reload that fails is logged (by the reloader) and changes nothing.
+fn on_sighup(reloader: Arc<Reloader>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(error) => {
+            warn!(%error, "cannot catch SIGHUP; reload with POST /api/reload instead");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            info!("SIGHUP: reloading the config");
+            let _ = reloader.reload().await;
+        }
+    });
 }

@@ -47,7 +47,7 @@ fn main() -> ExitCode {
         print!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
-    match ray_dashd::launch(config) {
+    match ray_dashd::launch(cli, config) {
         Ok(stopped) => ExitCode::from(stopped.exit_code()),
         Err(e) => {
             eprintln!("ray-dashd: {e}");

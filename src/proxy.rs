@@ -7,7 +7,10 @@ mod headers;
 mod idle;
 mod websocket;
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use axum::body::Body;
 use axum::response::Response;
@@ -18,7 +21,7 @@ use http_body_util::{LengthLimitError, Limited};
 use crate::config::ServerSettings;
 use crate::connection::{PoolError, PooledBody};
 use crate::error::{error_chain, ProxyError};
-use crate::routes::{Lookup, RouteKind, RouteTable, Target};
+use crate::routes::{Lookup, RouteKind, RouteTable};
 use crate::supervisor::{Gate, ModuleHandle, NotReady};
 
 pub(crate) use body::CancelableBody;
@@ -43,38 +46,82 @@ fn cause<'a, E: std::error::Error + 'static>(
 /// The module routes and what is needed to forward to them.
 #[derive(Debug)]
 pub struct Proxy {
-    table: RouteTable,
-    modules: Vec<ModuleHandle>,
+    /// Replaced whole by a reload ([`Proxy::set_modules`]); each request
+    /// takes a snapshot, so a lookup and its forward see the same table.
+    routing: ArcSwap<Routing>,
     settings: ServerSettings,
+}
+
+/// The route table and the modules its targets index.
+#[derive(Debug)]
+struct Routing {
+    table: RouteTable,
+    modules: Arc<[ModuleHandle]>,
+}
+
+impl Routing {
+    fn new(modules: Arc<[ModuleHandle]>) -> Routing {
+        Routing {
+            table: RouteTable::new(modules.iter().map(|m| m.spec().routes.as_slice())),
+            modules,
+        }
+    }
+}
+
+/// A request's route, looked up in one snapshot of the table.
+#[derive(Debug)]
+pub struct Routed {
+    routing: Arc<Routing>,
+    lookup: Lookup,
+}
+
+impl Routed {
+    /// Whether no module route has the request's path.
+    pub fn is_not_found(&self) -> bool {
+        self.lookup == Lookup::NotFound
+    }
+
+    /// The module and route kind found, if any.
+    pub fn target(&self) -> Option<(&str, RouteKind)> {
+        match &self.lookup {
+            Lookup::Found(target) => {
+                Some((self.routing.modules[target.module].name(), target.kind))
+            }
+            Lookup::MethodNotAllowed(_) | Lookup::NotFound => None,
+        }
+    }
 }
 
 impl Proxy {
     /// A proxy to `modules` (in configuration order, as the table indexes them).
-    pub fn new(modules: Vec<ModuleHandle>, settings: ServerSettings) -> Proxy {
+    pub fn new(modules: Arc<[ModuleHandle]>, settings: ServerSettings) -> Proxy {
         Proxy {
-            table: RouteTable::new(modules.iter().map(|m| m.spec().routes.as_slice())),
-            modules,
+            routing: ArcSwap::from_pointee(Routing::new(modules)),
             settings,
         }
     }
 
+    /// Routes requests to `modules` from now on; requests already routed
+    /// keep the modules they were routed to.
+    pub fn set_modules(&self, modules: Arc<[ModuleHandle]>) {
+        self.routing.store(Arc::new(Routing::new(modules)));
+    }
+
     /// Finds the route for `request`.
-    pub fn lookup(&self, request: &Request<Body>) -> Lookup {
-        self.table.lookup(request.method(), request.uri().path())
+    pub fn lookup(&self, request: &Request<Body>) -> Routed {
+        let routing = self.routing.load_full();
+        let lookup = routing.table.lookup(request.method(), request.uri().path());
+        Routed { routing, lookup }
     }
 
-    /// The name of the module `target` names.
-    pub fn module_name(&self, target: Target) -> &str {
-        self.modules[target.module].name()
-    }
-
-    /// Forwards `request` to the module `lookup` found for it; every failure
+    /// Forwards `request` to the module `routed` found for it; every failure
     /// is a [`ProxyError`].
     pub async fn forward(
         &self,
-        lookup: Lookup,
+        routed: Routed,
         request: Request<Body>,
     ) -> Result<Response, ProxyError> {
+        let Routed { routing, lookup } = routed;
         let target = match lookup {
             Lookup::Found(target) => target,
             Lookup::MethodNotAllowed(allow) => {
@@ -90,7 +137,7 @@ impl Proxy {
                 })
             }
         };
-        let module = &self.modules[target.module];
+        let module = &routing.modules[target.module];
         let gate =
             module
                 .admit()

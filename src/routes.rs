@@ -10,7 +10,7 @@ use http::Method;
 use serde::{Deserialize, Serialize};
 
 /// One route a module serves.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteSpec {
     /// The HTTP method (a `GET` route also answers `HEAD`).
     pub method: Method,

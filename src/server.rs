@@ -33,10 +33,10 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
-use crate::proxy::{is_send_timeout, Proxy, WriteTimeout};
+use crate::proxy::{is_send_timeout, Proxy, Routed, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
+use crate::reload::Reloader;
 use crate::routes::host::{HostHandler, HOST_ROUTES};
-use crate::routes::Lookup;
 use crate::supervisor::Supervisor;
 use guard::{Guard, Refusal};
 
@@ -73,6 +73,9 @@ pub struct AppState {
     pub ray: Option<Arc<RayParent>>,
     /// Whether Ray's modules are hosted, and why not.
     pub ray_status: Arc<ray::RayStatus>,
+    /// What `POST /api/reload` runs; `None` where there is nothing to read
+    /// again.
+    pub reloader: Option<Arc<Reloader>>,
 }
 
 /// The host's routes ([`HOST_ROUTES`]), with the proxy (then the UI)
@@ -109,7 +112,7 @@ pub fn router(state: AppState) -> Router {
 /// Paths that neither the host nor a module claims: the UI's files, or 404.
 async fn fallback(State(state): State<AppState>, request: Request<Body>) -> Response {
     let lookup = state.proxy.lookup(&request);
-    if lookup == Lookup::NotFound {
+    if lookup.is_not_found() {
         if let Some(response) =
             assets::static_asset(request.method(), request.uri().path(), request.headers())
         {
@@ -184,11 +187,11 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
             return Box::pin(async move { Ok(refused) });
         }
         let lookup = self.proxy.lookup(&request);
-        if lookup == Lookup::NotFound {
+        if lookup.is_not_found() {
             let router = self.router.clone();
             return Box::pin(async move { router.oneshot(request).await });
         }
-        let span = request_span(&self.proxy, &lookup, &request);
+        let span = request_span(&lookup, &request);
         let proxy = Arc::clone(&self.proxy);
         if span.is_disabled() {
             return Box::pin(async move { Ok(forward(&proxy, lookup, request).await) });
@@ -212,26 +215,23 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
 /// the response head once known. Disabled, and made for nearly nothing
 /// (one check of the level, no field evaluated), unless debug logging is
 /// on for this module.
-fn request_span(proxy: &Proxy, lookup: &Lookup, request: &Request<Body>) -> tracing::Span {
+fn request_span(routed: &Routed, request: &Request<Body>) -> tracing::Span {
     // A path known to no method has no module.
-    let target = match lookup {
-        Lookup::Found(target) => Some(*target),
-        Lookup::MethodNotAllowed(_) | Lookup::NotFound => None,
-    };
+    let target = routed.target();
     tracing::debug_span!(
         "request",
         method = %request.method(),
         uri = %request.uri(),
         version = ?request.version(),
-        module = target.map(|t| proxy.module_name(t)),
-        kind = target.map(|t| tracing::field::display(t.kind)),
+        module = target.map(|(module, _)| module),
+        kind = target.map(|(_, kind)| tracing::field::display(kind)),
         status = tracing::field::Empty,
         latency_us = tracing::field::Empty,
     )
 }
 
 /// Forwards a request a module route claims; failures become responses.
-async fn forward(proxy: &Proxy, lookup: Lookup, request: Request<Body>) -> Response {
+async fn forward(proxy: &Proxy, lookup: Routed, request: Request<Body>) -> Response {
     match proxy.forward(lookup, request).await {
         Ok(response) => response,
         Err(error) => {
@@ -396,8 +396,10 @@ mod tests {
             gcs: GcsStatus::default(),
         };
         router(AppState {
-            supervisor: Arc::new(Supervisor::without_modules()),
-            proxy: Arc::new(Proxy::new(Vec::new(), config.server)),
+            supervisor: Arc::new(Supervisor::without_modules(
+                &crate::session::Session::prepare(ui).expect("a session in the test's folder"),
+            )),
+            proxy: Arc::new(Proxy::new(Arc::from(Vec::new()), config.server)),
             ray: Some(Arc::new(parent)),
             ray_status: Arc::new(ray::RayStatus {
                 state: "hosted",
@@ -406,6 +408,7 @@ mod tests {
                 python_source: None,
                 ray_version: Some("2.60.0".to_owned()),
             }),
+            reloader: None,
         })
     }
 

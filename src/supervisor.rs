@@ -30,7 +30,7 @@ pub use containment::contain;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitStatus;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
@@ -58,9 +58,13 @@ pub(crate) struct ModuleShared {
     pub(crate) socket: PathBuf,
     status: Mutex<Status>,
     controls: mpsc::Sender<Control>,
-    /// Cancelled when the host shuts down, before any incarnation's gate:
-    /// what ends a request then is the shutdown, not a module failure.
+    /// Cancelled when the host shuts down, or the module is removed by a
+    /// reload, before any incarnation's gate: what ends a request then is
+    /// the module going away, not a failure.
     pub(crate) shutdown: CancellationToken,
+    /// Cancelled once the module's task has ended: its process stopped and
+    /// its socket removed.
+    stopped: CancellationToken,
 }
 
 impl ModuleShared {
@@ -115,6 +119,17 @@ impl ModuleHandle {
                     .unwrap_or(Duration::from_secs(1));
                 Err(NotReady { state, retry_after })
             }
+        })
+    }
+
+    /// Requests being served by the module or waiting for a connection
+    /// to it.
+    pub fn in_flight(&self) -> usize {
+        self.shared.update(|s| {
+            s.gate.as_ref().map_or(0, |gate| {
+                let stats = gate.client.stats();
+                stats.open - stats.idle + stats.queued
+            })
         })
     }
 
@@ -309,9 +324,34 @@ impl Drop for EarlyStart {
 /// All the modules of one host.
 #[derive(Debug)]
 pub struct Supervisor {
-    modules: Vec<ModuleHandle>,
+    /// The modules now, in configuration order: replaced whole by
+    /// [`Supervisor::apply`], read as a snapshot (never held across an
+    /// await).
+    modules: RwLock<Arc<[ModuleHandle]>>,
+    /// Modules a reload removed or changed, by name, until their task has
+    /// stopped (the token): a module of the same name added meanwhile
+    /// waits for it, as its socket is the same.
+    retiring: Mutex<HashMap<String, CancellationToken>>,
+    session: Session,
     tracker: TaskTracker,
     stop: CancellationToken,
+}
+
+/// What [`Supervisor::apply`] changed, by module name.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Modules new to the config, starting.
+    pub added: Vec<String>,
+    /// Modules no longer in the config.
+    pub removed: Vec<String>,
+    /// Modules whose command, environment, routes or supervision changed:
+    /// started again once their old process has stopped.
+    pub changed: Vec<String>,
+    /// Modules left as they were, open connections and all.
+    pub unchanged: Vec<String>,
+    /// The handles of the removed and changed modules as they were, for
+    /// [`Supervisor::retire`] once no route leads to them any more.
+    pub retired: Vec<ModuleHandle>,
 }
 
 impl Supervisor {
@@ -327,58 +367,174 @@ impl Supervisor {
             early.into_iter().map(|e| (e.name.clone(), e)).collect();
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
-        let modules = specs
-            .iter()
-            .map(|spec| {
-                let (controls_tx, controls_rx) = mpsc::channel(1);
-                let socket = session.socket_path(&spec.name);
-                let shared = Arc::new(ModuleShared {
-                    spec: spec.clone(),
-                    name: Arc::from(spec.name.as_str()),
-                    socket,
-                    status: Mutex::new(Status::default()),
-                    controls: controls_tx,
-                    shutdown: stop.clone(),
-                });
-                let task = ModuleTask {
-                    shared: Arc::clone(&shared),
-                    session: session.clone(),
-                    controls: controls_rx,
-                    shutdown: stop.clone(),
-                    early: early.remove(&spec.name).map(EarlyStart::take),
-                };
-                let span = tracing::info_span!("module", module = %spec.name);
-                tracker.spawn(task.run().instrument(span));
-                ModuleHandle { shared }
-            })
-            .collect();
         tracker.spawn(containment::watch(stop.clone()));
-        tracker.close();
-        Supervisor {
-            modules,
+        let supervisor = Supervisor {
+            modules: RwLock::new(Arc::from(Vec::new())),
+            retiring: Mutex::new(HashMap::new()),
+            session: session.clone(),
             tracker,
             stop,
-        }
+        };
+        let modules: Vec<ModuleHandle> = specs
+            .iter()
+            .map(|spec| supervisor.spawn_task(spec, early.remove(&spec.name), None))
+            .collect();
+        *supervisor
+            .modules
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::from(modules);
+        // Closed so that `shutdown` can wait for it to empty; a reload
+        // still spawns tasks on it.
+        supervisor.tracker.close();
+        supervisor
+    }
+
+    /// Starts the task of module `spec`, taking over `early`; with `after`,
+    /// the first incarnation waits until that token is cancelled (the
+    /// module's previous task has stopped its process and freed its socket).
+    fn spawn_task(
+        &self,
+        spec: &ModuleSpec,
+        early: Option<EarlyStart>,
+        after: Option<CancellationToken>,
+    ) -> ModuleHandle {
+        let (controls_tx, controls_rx) = mpsc::channel(1);
+        let socket = self.session.socket_path(&spec.name);
+        let shutdown = self.stop.child_token();
+        let stopped = CancellationToken::new();
+        let shared = Arc::new(ModuleShared {
+            spec: spec.clone(),
+            name: Arc::from(spec.name.as_str()),
+            socket,
+            status: Mutex::new(Status::default()),
+            controls: controls_tx,
+            shutdown: shutdown.clone(),
+            stopped: stopped.clone(),
+        });
+        let task = ModuleTask {
+            shared: Arc::clone(&shared),
+            session: self.session.clone(),
+            controls: controls_rx,
+            shutdown,
+            early: early.map(EarlyStart::take),
+            after,
+        };
+        let span = tracing::info_span!("module", module = %spec.name);
+        self.tracker.spawn(
+            async move {
+                task.run().await;
+                stopped.cancel();
+            }
+            .instrument(span),
+        );
+        ModuleHandle { shared }
     }
 
     /// A supervisor of no modules that runs no task, for router tests.
     #[cfg(test)]
-    pub(crate) fn without_modules() -> Supervisor {
+    pub(crate) fn without_modules(session: &Session) -> Supervisor {
         Supervisor {
-            modules: Vec::new(),
+            modules: RwLock::new(Arc::from(Vec::new())),
+            retiring: Mutex::new(HashMap::new()),
+            session: session.clone(),
             tracker: TaskTracker::new(),
             stop: CancellationToken::new(),
         }
     }
 
-    /// Every module, in configuration order.
-    pub fn modules(&self) -> &[ModuleHandle] {
-        &self.modules
+    /// Every module now, in configuration order.
+    pub fn modules(&self) -> Arc<[ModuleHandle]> {
+        Arc::clone(&self.modules.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The module named `name`.
-    pub fn get(&self, name: &str) -> Option<&ModuleHandle> {
-        self.modules.iter().find(|m| m.name() == name)
+    pub fn get(&self, name: &str) -> Option<ModuleHandle> {
+        self.modules().iter().find(|m| m.name() == name).cloned()
+    }
+
+    /// Makes `specs` the modules, in their order: a module whose spec is
+    /// unchanged keeps its task, process and connections; a new one is
+    /// started; a changed one gets a new task that starts once the old one
+    /// has stopped. The old handles of removed and changed modules are
+    /// returned for [`Supervisor::retire`]: they keep serving what they
+    /// serve until then.
+    pub fn apply(&self, specs: &[ModuleSpec]) -> Applied {
+        let old = self.modules();
+        let mut applied = Applied::default();
+        let mut modules = Vec::with_capacity(specs.len());
+        for spec in specs {
+            match old.iter().find(|m| m.name() == spec.name) {
+                Some(module) if module.spec() == spec => {
+                    applied.unchanged.push(spec.name.clone());
+                    modules.push(module.clone());
+                }
+                Some(module) => {
+                    applied.changed.push(spec.name.clone());
+                    let after = module.shared.stopped.clone();
+                    self.retiring_now(module);
+                    modules.push(self.spawn_task(spec, None, Some(after)));
+                    applied.retired.push(module.clone());
+                }
+                None => {
+                    applied.added.push(spec.name.clone());
+                    // Removed by an earlier reload and still stopping?
+                    let after = self
+                        .retiring
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&spec.name)
+                        .cloned();
+                    modules.push(self.spawn_task(spec, None, after));
+                }
+            }
+        }
+        for module in old.iter() {
+            if !specs.iter().any(|s| s.name == module.name()) {
+                applied.removed.push(module.name().to_owned());
+                self.retiring_now(module);
+                applied.retired.push(module.clone());
+            }
+        }
+        *self.modules.write().unwrap_or_else(|e| e.into_inner()) = Arc::from(modules);
+        applied
+    }
+
+    /// Notes that `module` is being retired, until its task has stopped.
+    fn retiring_now(&self, module: &ModuleHandle) {
+        let stopped = module.shared.stopped.clone();
+        self.retiring
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(module.name().to_owned(), stopped);
+    }
+
+    /// Runs `work` on the supervisor's tracker: [`Supervisor::shutdown`]
+    /// waits for it too.
+    pub fn track(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tracker.spawn(work);
+    }
+
+    /// Stops `module`, which no route leads to any more: once its requests
+    /// in flight have finished, or after `grace`, its process is stopped as
+    /// at shutdown (open websockets closed with 1001) and its socket
+    /// removed. Returns when it has stopped.
+    pub async fn retire(&self, module: &ModuleHandle, grace: Duration) {
+        /// How often the requests in flight are counted.
+        const POLL: Duration = Duration::from_millis(20);
+        let deadline = tokio::time::Instant::now() + grace;
+        while module.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(POLL).await;
+        }
+        module.shared.shutdown.cancel();
+        module.shared.stopped.cancelled().await;
+        let mut retiring = self.retiring.lock().unwrap_or_else(|e| e.into_inner());
+        // Unless a later retirement of the same name took its place.
+        if retiring
+            .get(module.name())
+            .is_some_and(|t| t.is_cancelled())
+        {
+            retiring.remove(module.name());
+        }
     }
 
     /// Stops every module (SIGTERM, then SIGKILL after its grace) and waits

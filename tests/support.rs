@@ -404,6 +404,11 @@ impl Dashd {
         format!("ws://{}{}", self.addr, path)
     }
 
+    /// The config file it was started with (a reload reads it again).
+    pub fn config_path(&self) -> PathBuf {
+        self.tmp.path().join("dashd.toml")
+    }
+
     /// The session folder.
     pub fn session(&self) -> &Path {
         &self.session

@@ -28,6 +28,7 @@ mod ray_head;
 mod ray_releases;
 mod ray_setup;
 mod ray_tls;
+mod reload;
 mod shutdown;
 mod sockets;
 mod supervisor;

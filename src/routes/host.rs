@@ -52,7 +52,12 @@ pub enum ApiRoute {
     RestartModule,
     /// `GET`: the host's own status (whether Ray's modules are hosted).
     Status,
+    /// `POST`: read the config again and apply its modules.
+    Reload,
 }
+
+/// Where `POST` reloads the config (as SIGHUP does).
+pub const RELOAD_PATH: &str = "/api/reload";
 
 /// A part of Ray's web UI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +97,7 @@ pub const HOST_ROUTES: &[HostRoute] = &[
         HostHandler::Api(ApiRoute::RestartModule),
     ),
     route(STATUS_PATH, HostHandler::Api(ApiRoute::Status)),
+    route(RELOAD_PATH, HostHandler::Api(ApiRoute::Reload)),
     route("/dashd", HostHandler::Ui),
     route("/dashd/{*path}", HostHandler::Ui),
     route("/", HostHandler::RayUi(RayUiRoute::Index)),

@@ -21,7 +21,24 @@ pub(super) fn handler(route: ApiRoute) -> MethodRouter<AppState> {
         ApiRoute::Module => get(show_module),
         ApiRoute::RestartModule => post(restart_module),
         ApiRoute::Status => get(status),
+        ApiRoute::Reload => post(reload),
     }
+}
+
+/// Reads the config again and applies its modules (see [`crate::reload`]);
+/// the report, or 400 naming what is wrong (nothing changed then).
+async fn reload(State(state): State<AppState>) -> Result<Response, ApiError> {
+    // A page of another origin was refused by the guard before this ran.
+    let Some(reloader) = &state.reloader else {
+        return Err(ApiError::NoReload);
+    };
+    let report = reloader
+        .reload()
+        .await
+        .map_err(|error| ApiError::BadConfig {
+            message: error.to_string(),
+        })?;
+    Ok(([(header::CACHE_CONTROL, "no-store")], Json(report)).into_response())
 }
 
 async fn healthz() -> impl IntoResponse {

@@ -321,9 +321,12 @@ fn refuse_browser_write<B>(request: &Request<B>) -> Result<(), Refusal> {
 }
 
 /// Paths a browser may write to under Ray's rule: the login form Ray's UI
-/// posts, and this host's own restart action, which its UI posts.
+/// posts, and this host's own restart and reload actions (a page of
+/// another origin is refused those by the `Origin` check).
 fn browser_may_write(path: &str) -> bool {
-    path == "/api/authenticate" || (path.starts_with("/api/modules/") && path.ends_with("/restart"))
+    path == "/api/authenticate"
+        || path == crate::routes::host::RELOAD_PATH
+        || (path.starts_with("/api/modules/") && path.ends_with("/restart"))
 }
 
 #[cfg(test)]

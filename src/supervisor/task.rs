@@ -57,11 +57,23 @@ pub(crate) struct ModuleTask {
     pub(crate) shutdown: CancellationToken,
     /// Incarnation 0, when the host started it before the supervisor.
     pub(crate) early: Option<(Spawned, SystemTime)>,
+    /// Cancelled when the module's previous task (before a reload changed
+    /// the module) has stopped: the first incarnation waits for it.
+    pub(crate) after: Option<CancellationToken>,
 }
 
 impl ModuleTask {
     pub(crate) async fn run(mut self) {
         let supervision = self.shared.spec.supervision.clone();
+        if let Some(after) = self.after.take() {
+            tokio::select! {
+                () = after.cancelled() => {}
+                () = self.shutdown.cancelled() => {
+                    self.shared.update(|s| s.state = ModuleState::Stopped);
+                    return;
+                }
+            }
+        }
         let mut failures_in_row = 0u32;
         for incarnation in 0.. {
             let started = Instant::now();
@@ -103,7 +115,7 @@ impl ModuleTask {
             s.pid = None;
             s.gate = None;
             s.next_start_at = None;
-            s.record("stopped", "host shutting down");
+            s.record("stopped", "host shutting down, or module removed");
         });
         if let Err(e) = remove_stale_socket(&self.shared.socket) {
             warn!(error = %e, "cannot remove module socket");

@@ -411,7 +411,9 @@ impl Dashd {
 
     /// The socket of module `name`.
     pub fn socket_path(&self, name: &str) -> PathBuf {
-        self.session.join("sockets").join(format!("dash_{name}"))
+        self.session
+            .join("sockets")
+            .join(ray_dashd_contract::names::socket_name(name))
     }
 
     /// ray-dashd's pid.

@@ -36,6 +36,7 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
+use ray_dashd_contract::names::{INCARNATION_VAR, MODULE_VAR};
 use rustix::process::{pidfd_open, pidfd_send_signal, PidfdFlags, Signal};
 use tracing::{debug, warn};
 
@@ -455,8 +456,8 @@ fn env_tag(pid: u32) -> Option<Leader> {
         })
     };
     Some(Leader {
-        module: var("RAY_DASHD_MODULE")?,
-        incarnation: var("RAY_DASHD_INCARNATION")?.parse().ok()?,
+        module: var(MODULE_VAR)?,
+        incarnation: var(INCARNATION_VAR)?.parse().ok()?,
     })
 }
 

@@ -10,11 +10,14 @@ use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use ray_dashd_contract::names::{
+    CGROUP_VAR, INCARNATION_VAR, LOG_DIR_VAR, MODULE_VAR, SESSION_DIR_VAR, SOCKET_VAR,
+};
 use rustix::process::Rlimit;
 use tokio::process::{Child, Command};
 use tracing::warn;
 
-use super::cgroup::{IncarnationCgroup, CGROUP_ENV};
+use super::cgroup::IncarnationCgroup;
 use super::containment::containment;
 use crate::config::ModuleSpec;
 use crate::descriptors;
@@ -69,11 +72,11 @@ pub(crate) fn spawn_module(
     let mut cmd = Command::new(spec.program());
     cmd.args(&spec.args)
         .envs(&spec.env)
-        .env("RAY_DASHD_SOCKET", socket)
-        .env("RAY_DASHD_SESSION_DIR", &session.dir)
-        .env("RAY_DASHD_LOG_DIR", &session.logs)
-        .env("RAY_DASHD_MODULE", &spec.name)
-        .env("RAY_DASHD_INCARNATION", incarnation.to_string())
+        .env(SOCKET_VAR, socket)
+        .env(SESSION_DIR_VAR, &session.dir)
+        .env(LOG_DIR_VAR, &session.logs)
+        .env(MODULE_VAR, &spec.name)
+        .env(INCARNATION_VAR, incarnation.to_string())
         .stdin(Stdio::null())
         .stdout(append("out"))
         .stderr(append("err"))
@@ -83,7 +86,9 @@ pub(crate) fn spawn_module(
     let containment = containment();
     let cgroup = containment.cgroup_for(&spec.name, incarnation);
     if let Some(cgroup) = &cgroup {
-        cmd.env(CGROUP_ENV, cgroup.dir());
+        // A Python module forked by the zygote moves itself there before
+        // it runs.
+        cmd.env(CGROUP_VAR, cgroup.dir());
     }
     prepare_child(
         &mut cmd,

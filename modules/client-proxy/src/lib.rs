@@ -96,9 +96,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .clone()
         .or_else(|| env.session_dir.as_ref().map(|s| s.join("logs")))
         .or_else(|| env.log_dir.clone())
-        .context(
-            "no --log-dir and no session folder (RAY_DASHD_SESSION_DIR) for the servers' logs",
-        )?;
+        .with_context(|| {
+            format!(
+                "no --log-dir and no session folder ({}) for the servers' logs",
+                ray_dashd_sdk::SESSION_DIR_VAR
+            )
+        })?;
     servers::check_log_dir(&log_dir)
         .with_context(|| format!("cannot create {}", log_dir.display()))?;
 

@@ -21,7 +21,11 @@ pub enum StartupError {
     #[error(transparent)]
     Sdk(#[from] SdkError),
     /// Neither `RAY_DASHD_LOG_DIR` nor `RAY_DASHD_SESSION_DIR` is set.
-    #[error("no log folder: set RAY_DASHD_LOG_DIR (or RAY_DASHD_SESSION_DIR)")]
+    #[error(
+        "no log folder: set {} (or {})",
+        ray_dashd_sdk::LOG_DIR_VAR,
+        ray_dashd_sdk::SESSION_DIR_VAR
+    )]
     NoLogDir,
     /// The log folder cannot be resolved, or is not a folder.
     #[error("log folder {}: {source}", path.display())]

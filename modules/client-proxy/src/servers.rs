@@ -408,12 +408,13 @@ impl Launcher {
             .arg(format!("--serialized-runtime-env-context={context}"))
             .stdin(Stdio::null())
             .stdout(log("out")?)
-            .stderr(log("err")?)
-            .process_group(0);
+            .stderr(log("err")?);
         if spare {
             cmd.env(IDLE_EXIT_ENV, SPARE_IDLE_CHECKS);
         }
-        die_with_parent(&mut cmd);
+        // Its own group, which `stop` signals; and SIGKILL from the kernel
+        // when the proxy dies.
+        ray_dashd_contract::child::own_child(cmd.as_std_mut());
         let child = cmd.spawn().map_err(|e| spawn_error(e.to_string()))?;
         let pid = child
             .id()
@@ -504,23 +505,6 @@ fn describe(status: ExitStatus) -> String {
             Err(_) => format!("killed by signal {signal}"),
         },
         _ => status.to_string(),
-    }
-}
-
-/// Makes the kernel SIGKILL the server when the proxy dies.
-#[allow(unsafe_code)]
-fn die_with_parent(cmd: &mut Command) {
-    let parent = nix::unistd::getpid();
-    // SAFETY: runs between fork and exec and makes only async-signal-safe
-    // system calls (prctl, getppid, raise); no allocation, no lock.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            if nix::unistd::getppid() != parent {
-                nix::sys::signal::raise(Signal::SIGKILL)?;
-            }
-            Ok(())
-        });
     }
 }
 

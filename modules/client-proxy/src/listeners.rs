@@ -16,6 +16,8 @@ use std::collections::HashSet;
 use std::fs;
 use std::io;
 
+use ray_dashd_contract::proc;
+
 /// The inodes of the sockets listening on TCP `port`, any address, as the
 /// kernel's socket diagnostics tell them (what `ss -tl` reads). Asked for
 /// listening sockets only, the kernel goes through its (small) table of
@@ -112,9 +114,9 @@ fn each_listener(family: i32, mut each: impl FnMut(u16, u32)) -> io::Result<()> 
     }
 }
 
-/// The process group of `pid` (field 5 of its stat).
+/// The process group of `pid`.
 fn process_group(pid: u32) -> Option<u32> {
-    crate::servers::stat_field(pid, 5)?.try_into().ok()
+    proc::stat(pid).ok().map(|stat| stat.pgrp)
 }
 
 /// The socket inodes among the open files of `pid`.
@@ -162,10 +164,7 @@ pub fn census(port: u16, group: u32) -> io::Result<Census> {
             strangers: 0,
         });
     }
-    for entry in fs::read_dir("/proc")?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
-            continue;
-        };
+    for pid in proc::pids()? {
         if process_group(pid) == Some(group) {
             for inode in socket_inodes(pid) {
                 listening.remove(&inode);
@@ -200,10 +199,7 @@ pub fn holders(port: u16) -> io::Result<Vec<Holder>> {
     if listening.is_empty() {
         return Ok(Vec::new());
     }
-    let mut pids: Vec<u32> = fs::read_dir("/proc")?
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
-        .collect();
+    let mut pids: Vec<u32> = proc::pids()?.collect();
     pids.sort_unstable();
     Ok(pids
         .into_iter()
@@ -218,13 +214,7 @@ pub fn holders(port: u16) -> io::Result<Vec<Holder>> {
 /// The command line of `pid`, arguments joined by spaces and cut to
 /// [`COMMAND_SHOWN`] characters; its name in `stat` when it has none.
 fn command_line(pid: u32) -> String {
-    let raw = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let line = raw
-        .split(|&b| b == 0)
-        .filter(|arg| !arg.is_empty())
-        .map(String::from_utf8_lossy)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let line = proc::cmdline(pid).unwrap_or_default().join(" ");
     if line.is_empty() {
         return fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|comm| format!("[{}]", comm.trim()))

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 use hyper_util::rt::TokioExecutor;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use ray_dashd_contract::proc;
 use ray_dashd_tls::{Connector, RayTls};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -584,19 +585,7 @@ impl PidFile {
 
 /// The start time of `pid` in clock ticks since boot, if it runs.
 fn start_time(pid: u32) -> Option<u64> {
-    stat_field(pid, 22)
-}
-
-/// Field `number` (counted from 1, as proc(5) does) of `/proc/<pid>/stat`,
-/// one of the numeric fields after the command name.
-pub(crate) fn stat_field(pid: u32, number: usize) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces; the fields after it do not.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace()
-        .nth(number.checked_sub(3)?)?
-        .parse()
-        .ok()
+    proc::stat(pid).ok().map(|stat| stat.start)
 }
 
 /// Checks that `dir` exists and can take log files.

@@ -120,7 +120,7 @@ impl<const KIND: u8> tower::Service<http::Request<Body>> for Service<KIND> {
                 .headers()
                 .get(auth::AUTHORIZATION)
                 .map(|v| v.as_bytes());
-            if !token.accepts(presented) {
+            if !presented.is_some_and(|value| token.accepts(value)) {
                 let refused = Status::unauthenticated(auth::UNAUTHENTICATED).into_http();
                 return Box::pin(async move { Ok(refused) });
             }

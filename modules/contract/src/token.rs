@@ -35,6 +35,12 @@ impl Token {
         format!("{BEARER}{}", self.0)
     }
 
+    /// The secret itself, for where it must be written out whole (the web
+    /// UI's cookie); never for a log.
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+
     /// Whether `value` (of `Authorization` or the like) is exactly
     /// `Bearer <this token>`.
     pub fn accepts(&self, value: &[u8]) -> bool {
@@ -104,6 +110,7 @@ mod tests {
     fn only_the_exact_bearer_value_is_accepted() {
         let t = token();
         assert_eq!(t.bearer(), "Bearer s3cret");
+        assert_eq!(t.secret(), "s3cret");
         assert!(t.accepts(b"Bearer s3cret"));
         assert!(!t.accepts(b"bearer s3cret"));
         assert!(!t.accepts(b"Bearer  s3cret"));

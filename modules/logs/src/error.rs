@@ -12,7 +12,7 @@ use ray_dashd_sdk::SdkError;
 use rustix::io::Errno;
 use serde_json::json;
 
-use crate::routes::FILE_SIZE_HEADER;
+use crate::headers::FILE_SIZE_HEADER;
 
 /// Errors that stop the module before it serves anything.
 #[derive(Debug, thiserror::Error)]

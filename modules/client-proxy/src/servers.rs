@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::driver::DriverChannel;
+use crate::h2_settings::{CONNECTION_WINDOW_BYTES, MAX_FRAME_BYTES, STREAM_WINDOW_BYTES};
 use crate::listeners;
 
 /// How a specific server is started.
@@ -236,18 +237,6 @@ pub type H2Client = hyper_util::client::legacy::Client<Connector, tonic::body::B
 pub const IDLE_EXIT_ENV: &str = "TIMEOUT_FOR_SPECIFIC_SERVER_S";
 /// A spare's value of it: ten years.
 const SPARE_IDLE_CHECKS: &str = "315360000";
-
-/// The HTTP/2 flow-control windows the proxy opens, on both of its sides,
-/// per stream and per connection: an object chunk (5 MiB) in flight at once.
-pub const STREAM_WINDOW_BYTES: u32 = 8 << 20;
-/// See [`STREAM_WINDOW_BYTES`].
-pub const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
-
-/// The largest HTTP/2 frame the proxy accepts, on both sides. gRPC's core
-/// sends frames up to what its peer allows, and h2 reads a frame in as many
-/// reads as its buffer takes: with HTTP/2's default of 16 KiB an object
-/// chunk of `put`/`get` crossed the proxy in one read per 8 KiB.
-pub const MAX_FRAME_BYTES: u32 = 1 << 20;
 
 fn h2_client(tls: Option<RayTls>) -> H2Client {
     let connector = Connector::new(tls).timeout(Duration::from_secs(5));

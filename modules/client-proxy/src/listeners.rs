@@ -48,6 +48,14 @@ const DIAG_MSG_BYTES: usize = 72;
 
 /// Calls `each(local port, inode)` for every TCP socket of `family` in the
 /// listening state.
+///
+/// The request and the answers are packed and read here rather than
+/// through `netlink-packet-sock-diag` + `netlink-sys`, measured side by side
+/// (both families, opt-level 3, same answers): with 21 listeners the crates
+/// took 63–66 µs against 56–63 µs here, with 201 listeners 211–260 µs
+/// against 121–140 µs, since they parse every answer into an owned
+/// structure with its attributes where only two fields are read; and they
+/// would add three crates.
 fn each_listener(family: i32, mut each: impl FnMut(u16, u32)) -> io::Result<()> {
     use nix::sys::socket::{
         recv, sendto, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol,

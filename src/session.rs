@@ -117,7 +117,8 @@ impl Session {
 
     /// The socket a module listens on: `<session>/sockets/dash_<name>`.
     pub fn socket_path(&self, module: &str) -> PathBuf {
-        self.sockets.join(format!("dash_{module}"))
+        self.sockets
+            .join(ray_dashd_contract::names::socket_name(module))
     }
 
     /// Fails when `path` is too long to bind.

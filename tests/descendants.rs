@@ -226,14 +226,14 @@ async fn orphans_are_adopted_by_the_host_and_reaped() {
         files: Vec::new(),
     };
     let adopted = eventually(WAIT, || async {
-        let ppid = proc_stat(pid)?.get(1)?.parse::<u32>().ok()?;
+        let ppid = proc_stat(pid)?.ppid;
         (ppid == d.pid()).then_some(())
     })
     .await;
     assert!(
         adopted.is_some(),
         "orphan {pid} has parent {:?}, not ray-dashd ({})",
-        proc_stat(pid).and_then(|f| f.get(1).cloned()),
+        proc_stat(pid).map(|stat| stat.ppid),
         d.pid()
     );
     std::fs::write(&release, b"").expect("release the orphan");

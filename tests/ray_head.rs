@@ -12,11 +12,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
+use ray_dashd_contract::proc;
 use serde_json::Value;
 
-use crate::support::{
-    dashd, eventually, file_with, kill, proc_stat, process_gone, Dashd, DashdBuilder,
-};
+use crate::support::{dashd, eventually, file_with, kill, process_gone, Dashd, DashdBuilder};
 
 /// Ray's nine default subprocess modules (the same in 2.45 through 2.60).
 pub(crate) const RAY_MODULES: [&str; 9] = [
@@ -289,17 +288,11 @@ impl Drop for RayHead {
 /// Processes whose command line mentions `path`.
 fn pids_mentioning(path: &Path) -> Vec<i32> {
     let needle = path.to_string_lossy().into_owned();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(pids) = proc::pids() else {
         return vec![];
     };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(&needle))
-                .unwrap_or(false)
-        })
+    pids.filter(|&pid| proc::cmdline(pid).is_ok_and(|args| args.join(" ").contains(&needle)))
+        .filter_map(|pid| i32::try_from(pid).ok())
         .collect()
 }
 
@@ -312,21 +305,18 @@ struct Stat {
 
 /// [`Stat`] of every process.
 fn stat_fields() -> Vec<Stat> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(pids) = proc::pids() else {
         return vec![];
     };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let fields = proc_stat(pid as u32)?;
-            Some(Stat {
-                pid,
-                ppid: fields.get(1)?.parse().ok()?,
-                pgrp: fields.get(2)?.parse().ok()?,
-            })
+    pids.filter_map(|pid| {
+        let stat = proc::stat(pid).ok()?;
+        Some(Stat {
+            pid: i32::try_from(stat.pid).ok()?,
+            ppid: i32::try_from(stat.ppid).ok()?,
+            pgrp: i32::try_from(stat.pgrp).ok()?,
         })
-        .collect()
+    })
+    .collect()
 }
 
 /// What every Ray process of the test needs: loopback-only addresses, the

@@ -8,6 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ray_dashd_contract::proc;
 use serde_json::Value;
 
 /// How long a fixture may take to start listening.
@@ -416,7 +417,9 @@ impl Dashd {
 
     /// The socket of module `name`.
     pub fn socket_path(&self, name: &str) -> PathBuf {
-        self.session.join("sockets").join(format!("dash_{name}"))
+        self.session
+            .join("sockets")
+            .join(ray_dashd_contract::names::socket_name(name))
     }
 
     /// ray-dashd's pid.
@@ -563,41 +566,25 @@ where
     }
 }
 
-/// The fields of `/proc/<pid>/stat` after the command's closing
-/// parenthesis: state, ppid, pgrp, … (fields 3 onwards of proc(5), so
-/// field N is at index N − 3); `None` once the process is gone.
-pub fn proc_stat(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    Some(rest.split_whitespace().map(str::to_owned).collect())
+/// `/proc/<pid>/stat`; `None` once the process is gone.
+pub fn proc_stat(pid: u32) -> Option<proc::Stat> {
+    proc::stat(pid).ok()
 }
 
 /// Whether process `pid` is gone (or a zombie no one reaped yet).
 pub fn process_gone(pid: u32) -> bool {
-    match proc_stat(pid) {
-        None => true,
-        Some(fields) => fields
-            .first()
-            .is_some_and(|state| state == "Z" || state == "X"),
-    }
+    proc_stat(pid).is_none_or(|stat| stat.is_dead())
 }
 
 /// CPU time (user + system) of process `pid` so far, in clock ticks.
 pub fn cpu_ticks(pid: u32) -> u64 {
-    let fields = proc_stat(pid).expect("proc stat");
-    // utime and stime are fields 14 and 15 of proc(5).
-    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+    let stat = proc_stat(pid).expect("proc stat");
+    stat.utime + stat.stime
 }
 
 /// Resident memory of `pid` in KiB (VmRSS).
 pub fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS")
+    proc::status_kib(pid, "VmRSS").expect("VmRSS")
 }
 
 /// Waits (bounded) for the file `path`, written whole by a test's

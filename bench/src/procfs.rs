@@ -1,28 +1,15 @@
-//! Reading a process's CPU time and memory peaks from `/proc`.
+//! A process's CPU time and memory peaks, read from `/proc` through
+//! ray-dashd-contract's reader.
 
 use anyhow::Context as _;
+use ray_dashd_contract::proc;
 use serde_json::json;
 
 /// utime + stime, in clock ticks, of every thread of `pid` (not of its
-/// children): fields 14 and 15 of `/proc/<pid>/stat`.
+/// children).
 pub(crate) fn process_ticks(pid: u32) -> anyhow::Result<u64> {
-    let path = format!("/proc/{pid}/stat");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
-    // The command name (field 2) is in parentheses and may hold spaces.
-    let rest = text
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .with_context(|| format!("{path}: no ')' after the command name"))?;
-    // `rest` starts at field 3 (state): utime is field 14, stime field 15.
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |n: usize| -> anyhow::Result<u64> {
-        fields
-            .get(n - 3)
-            .with_context(|| format!("{path}: no field {n}"))?
-            .parse::<u64>()
-            .with_context(|| format!("{path}: field {n} is not a number"))
-    };
-    Ok(field(14)? + field(15)?)
+    let stat = proc::stat(pid).with_context(|| format!("read /proc/{pid}/stat"))?;
+    Ok(stat.utime + stat.stime)
 }
 
 /// The summed utime + stime of `pids`, in clock ticks.
@@ -62,14 +49,7 @@ impl CpuMeter {
 
 /// A `kB` line of `/proc/<pid>/status`, such as `VmHWM`.
 pub(crate) fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
-    let path = format!("/proc/{pid}/status");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
-    text.lines()
-        .find_map(|line| {
-            let value = line.strip_prefix(key)?.strip_prefix(':')?;
-            value.trim().trim_end_matches("kB").trim().parse().ok()
-        })
-        .with_context(|| format!("{path}: no {key} line"))
+    proc::status_kib(pid, key).with_context(|| format!("/proc/{pid}/status: no {key} line"))
 }
 
 /// `{vmhwm_kib, vmrss_kib, pids}` summed over `pids`.
@@ -85,13 +65,7 @@ pub(crate) fn rss_json(pids: &[u32]) -> anyhow::Result<serde_json::Value> {
 
 /// Whether `pid` is gone or a zombie (dead, not yet reaped).
 pub(crate) fn is_dead(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(text) => text
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_none_or(|state| state == "Z" || state == "X"),
-        Err(_) => true,
-    }
+    proc::stat(pid).ok().is_none_or(|stat| stat.is_dead())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use ray_dashd_contract::proc;
 use serde_json::json;
 
 /// Pause between two looks while waiting for processes to exit.
@@ -23,34 +24,20 @@ pub(crate) struct Proc {
     pub(crate) start_ticks: u64,
 }
 
-/// Parses the text of `/proc/<pid>/stat`.
-fn parse_stat(pid: u32, text: &str) -> Option<Proc> {
-    // The command name (field 2) is in parentheses and may hold anything.
-    let (_, rest) = text.rsplit_once(')')?;
-    // `rest` starts at field 3 (state).
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let state = *fields.first()?;
-    if state == "Z" || state == "X" {
-        return None;
-    }
-    Some(Proc {
-        pid,
-        ppid: fields.get(4 - 3)?.parse().ok()?,
-        start_ticks: fields.get(22 - 3)?.parse().ok()?,
-    })
-}
-
+/// `pid`, unless it is gone or has ended (a zombie).
 fn read_proc(pid: u32) -> Option<Proc> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(pid, &text)
+    let stat = proc::stat(pid).ok().filter(|stat| !stat.is_dead())?;
+    Some(Proc {
+        pid: stat.pid,
+        ppid: stat.ppid,
+        start_ticks: stat.start,
+    })
 }
 
 /// Every live (not zombie) process on the host.
 fn all_processes() -> anyhow::Result<Vec<Proc>> {
-    let entries = std::fs::read_dir("/proc").context("read /proc")?;
-    Ok(entries
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    Ok(proc::pids()
+        .context("read /proc")?
         .filter_map(read_proc)
         .collect())
 }
@@ -79,15 +66,7 @@ pub(crate) fn tree(root: u32) -> anyhow::Result<Vec<Proc>> {
 
 /// The command line of `pid`, arguments joined by spaces.
 fn cmdline(pid: u32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|raw| {
-            String::from_utf8_lossy(&raw)
-                .split('\0')
-                .filter(|a| !a.is_empty())
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_default()
+    proc::cmdline(pid).unwrap_or_default().join(" ")
 }
 
 /// The first descendant of `root` (breadth first, `root` excluded) whose
@@ -252,21 +231,6 @@ pub(crate) fn stop_tree(root: u32, grace: Duration) -> anyhow::Result<serde_json
 mod tests {
     use super::*;
     use crate::procfs;
-
-    #[test]
-    fn stat_with_spaces_and_parens_in_the_name_parses() {
-        let text = "4242 (a (b) c) S 17 4242 4242 0 -1 4194560 1 0 0 0 3 4 0 0 20 0 1 0 987654 0 0";
-        assert_eq!(
-            parse_stat(4242, text),
-            Some(Proc {
-                pid: 4242,
-                ppid: 17,
-                start_ticks: 987654
-            })
-        );
-        let zombie = text.replace(") S ", ") Z ");
-        assert_eq!(parse_stat(4242, &zombie), None);
-    }
 
     #[test]
     fn smaps_rollup_sums_private_pages() {

@@ -8,19 +8,20 @@
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
+use ray_dashd_contract::token::BEARER;
+
+/// The cluster's token (the client proxy checks the same one); its `Debug`
+/// never shows it and it is compared in constant time.
+pub use ray_dashd_contract::Token;
 
 /// The cookie Ray's web UI authenticates with.
 pub const COOKIE: &str = "ray-authentication-token";
 /// How long the cookie lives, in seconds (30 days, as Ray sets it).
 const COOKIE_MAX_AGE_SECS: u32 = 30 * 24 * 60 * 60;
-/// The form a token takes in `Authorization`; Ray accepts exactly this
-/// prefix, with this case.
-const BEARER: &str = "Bearer ";
 /// Where proxies that own `Authorization` themselves (KubeRay) put the token.
 const RAY_AUTHORIZATION: &str = "x-ray-authorization";
 
@@ -69,46 +70,6 @@ pub enum TokenError {
         /// The variable that asked for it.
         setting: &'static str,
     },
-}
-
-/// The cluster's token. Its `Debug` never shows it.
-#[derive(Clone)]
-pub struct Token(Arc<str>);
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(<redacted>)")
-    }
-}
-
-impl Token {
-    /// A token; `None` when `secret` is empty (Ray has no empty tokens).
-    pub fn new(secret: &str) -> Option<Token> {
-        (!secret.is_empty()).then(|| Token(Arc::from(secret)))
-    }
-
-    /// `Bearer <token>`, the value of `Authorization` (HTTP) and of the
-    /// `authorization` gRPC metadata Ray's servers check.
-    pub fn bearer(&self) -> String {
-        format!("{BEARER}{}", self.0)
-    }
-
-    /// Whether `value` is `Bearer <this token>`. Compared in constant time,
-    /// so response times do not tell how much of a guess was right.
-    pub fn accepts(&self, value: &[u8]) -> bool {
-        let Some(given) = value.strip_prefix(BEARER.as_bytes()) else {
-            return false;
-        };
-        let expected = self.0.as_bytes();
-        if given.len() != expected.len() {
-            return false;
-        }
-        given
-            .iter()
-            .zip(expected)
-            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-            == 0
-    }
 }
 
 /// The token to require when Ray's modules are not hosted (Ray's own
@@ -275,7 +236,7 @@ pub fn authenticate(token: Option<&Token>, headers: &HeaderMap) -> Response {
     }
     let cookie = format!(
         "{COOKIE}={}; HttpOnly; Max-Age={COOKIE_MAX_AGE_SECS}; Path=/; SameSite=Strict",
-        token.0
+        token.secret()
     );
     let body = serde_json::json!({ "status": "authenticated", "message": "Token is valid" });
     let mut response = Json(body).into_response();

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ray_dashd_contract::proc;
+
 use crate::config::ray::{PythonSource, RayPython};
 
 /// Where a Python is looked for when none is named, in this order; the
@@ -155,27 +157,19 @@ fn head_pythons(session: &Path) -> Vec<RayPython> {
     let real = real.to_string_lossy().into_owned();
     let uid = nix::unistd::geteuid().as_raw();
     let (mut agents, mut scripts, mut workers, mut exes) = (vec![], vec![], vec![], vec![]);
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(pids) = proc::pids() else {
         return Vec::new();
     };
-    let mut pids: Vec<u32> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
+    let mut pids: Vec<u32> = pids.collect();
     pids.sort_unstable();
     for pid in pids {
         let proc_dir = PathBuf::from(format!("/proc/{pid}"));
         if std::fs::metadata(&proc_dir).map(|m| m.uid()).ok() != Some(uid) {
             continue;
         }
-        let Ok(cmdline) = std::fs::read(proc_dir.join("cmdline")) else {
+        let Ok(args) = proc::cmdline(pid) else {
             continue;
         };
-        let args: Vec<String> = cmdline
-            .split(|&b| b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
         if !args.iter().any(|a| names_session(a, &real)) {
             continue;
         }

@@ -21,10 +21,6 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-/// The variable that names an incarnation's cgroup to the module: a Python
-/// module forked by the zygote moves itself there before it runs.
-pub(crate) const CGROUP_ENV: &str = "RAY_DASHD_CGROUP";
-
 /// The hidden flag that runs `ray-dashd` as the warden.
 pub const WARDEN_FLAG: &str = "--cgroup-warden";
 

@@ -36,6 +36,8 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
+use ray_dashd_contract::names::{INCARNATION_VAR, MODULE_VAR};
+use ray_dashd_contract::proc;
 use rustix::process::{pidfd_open, pidfd_send_signal, PidfdFlags, Signal};
 use tracing::{debug, warn};
 
@@ -412,36 +414,22 @@ fn children(pid: u32) -> io::Result<Vec<u32>> {
 
 /// Every process on the system.
 fn scan() -> Vec<Proc> {
-    let Ok(entries) = fs::read_dir("/proc") else {
+    let Ok(pids) = proc::pids() else {
         return Vec::new();
     };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(stat)
-        .collect()
+    pids.filter_map(stat).collect()
 }
 
 /// `/proc/<pid>/stat`, or `None` once the process is gone.
 pub(crate) fn stat(pid: u32) -> Option<Proc> {
-    parse_stat(pid, &fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
-}
-
-/// The fields of a `stat` line after the command's closing parenthesis
-/// (the command may hold any byte, a parenthesis too): state, ppid, pgrp,
-/// …, starttime as field 22 of proc(5).
-fn parse_stat(pid: u32, text: &str) -> Option<Proc> {
-    let (_, rest) = text.rsplit_once(')')?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let number = |i: usize| fields.get(i)?.parse::<u64>().ok();
-    Some(Proc {
+    proc::stat(pid).ok().map(|stat| Proc {
         id: ProcId {
-            pid,
-            start: number(22 - 3)?,
+            pid: stat.pid,
+            start: stat.start,
         },
-        ppid: u32::try_from(number(1)?).ok()?,
-        pgid: u32::try_from(number(2)?).ok()?,
-        zombie: matches!(*fields.first()?, "Z" | "X"),
+        ppid: stat.ppid,
+        pgid: stat.pgrp,
+        zombie: stat.is_dead(),
     })
 }
 
@@ -455,8 +443,8 @@ fn env_tag(pid: u32) -> Option<Leader> {
         })
     };
     Some(Leader {
-        module: var("RAY_DASHD_MODULE")?,
-        incarnation: var("RAY_DASHD_INCARNATION")?.parse().ok()?,
+        module: var(MODULE_VAR)?,
+        incarnation: var(INCARNATION_VAR)?.parse().ok()?,
     })
 }
 
@@ -578,26 +566,6 @@ mod tests {
 
     fn owners_of(tree: &[Proc], reg: &Registry) -> Vec<Option<u32>> {
         owners(tree, HOST, reg, |_| None)
-    }
-
-    #[test]
-    fn stat_lines_parse_whatever_the_command() {
-        let line = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 98765 0 0";
-        assert_eq!(
-            parse_stat(4242, line),
-            Some(Proc {
-                id: ProcId {
-                    pid: 4242,
-                    start: 98765
-                },
-                ppid: 1,
-                pgid: 4242,
-                zombie: false,
-            })
-        );
-        let zombie = "7 (x) Z 3 5 5 0 -1 4227148 0 0 0 0 0 0 0 0 20 0 1 0 12 0 0";
-        assert!(parse_stat(7, zombie).is_some_and(|p| p.zombie && p.ppid == 3));
-        assert_eq!(parse_stat(7, "7 (x"), None);
     }
 
     #[test]

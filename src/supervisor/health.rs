@@ -52,7 +52,7 @@ pub(crate) async fn check_health(
 ) -> Result<Duration, Failure> {
     pool.prune_idle();
     let started = Instant::now();
-    let request = http::Request::get("/api/healthz")
+    let request = http::Request::get(ray_dashd_contract::names::HEALTHZ_PATH)
         .header(http::header::HOST, "localhost")
         .header(http::header::USER_AGENT, "ray-dashd-health")
         .body(Body::empty())

@@ -10,11 +10,14 @@ use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use ray_dashd_contract::names::{
+    CGROUP_VAR, INCARNATION_VAR, LOG_DIR_VAR, MODULE_VAR, SESSION_DIR_VAR, SOCKET_VAR,
+};
 use rustix::process::Rlimit;
 use tokio::process::{Child, Command};
 use tracing::warn;
 
-use super::cgroup::{IncarnationCgroup, CGROUP_ENV};
+use super::cgroup::IncarnationCgroup;
 use super::containment::containment;
 use crate::config::ModuleSpec;
 use crate::descriptors;
@@ -69,21 +72,21 @@ pub(crate) fn spawn_module(
     let mut cmd = Command::new(spec.program());
     cmd.args(&spec.args)
         .envs(&spec.env)
-        .env("RAY_DASHD_SOCKET", socket)
-        .env("RAY_DASHD_SESSION_DIR", &session.dir)
-        .env("RAY_DASHD_LOG_DIR", &session.logs)
-        .env("RAY_DASHD_MODULE", &spec.name)
-        .env("RAY_DASHD_INCARNATION", incarnation.to_string())
+        .env(SOCKET_VAR, socket)
+        .env(SESSION_DIR_VAR, &session.dir)
+        .env(LOG_DIR_VAR, &session.logs)
+        .env(MODULE_VAR, &spec.name)
+        .env(INCARNATION_VAR, incarnation.to_string())
         .stdin(Stdio::null())
         .stdout(append("out"))
         .stderr(append("err"))
-        // Its own group, so that stopping it reaches the processes it starts.
-        .process_group(0)
         .kill_on_drop(true);
     let containment = containment();
     let cgroup = containment.cgroup_for(&spec.name, incarnation);
     if let Some(cgroup) = &cgroup {
-        cmd.env(CGROUP_ENV, cgroup.dir());
+        // A Python module forked by the zygote moves itself there before
+        // it runs.
+        cmd.env(CGROUP_VAR, cgroup.dir());
     }
     prepare_child(
         &mut cmd,
@@ -119,15 +122,16 @@ pub(crate) fn spawn_module(
 
 /// Between fork and exec: moves the child into its cgroup (the descriptor
 /// of the cgroup's `cgroup.procs`), gives it back the open-file limit the
-/// host started with, and makes the kernel SIGKILL it when the host dies,
-/// even by SIGKILL.
+/// host started with; then, as every child the host owns, puts it in a
+/// process group of its own, so that stopping it reaches the processes it
+/// starts, and makes the kernel SIGKILL it when the host dies, even by
+/// SIGKILL.
 #[allow(unsafe_code)]
 fn prepare_child(cmd: &mut Command, cgroup_procs: Option<RawFd>, nofile: Option<Rlimit>) {
-    let parent = nix::unistd::getpid();
     // SAFETY: the closure runs between fork and exec and makes only
-    // async-signal-safe system calls (write, setrlimit, prctl, getppid,
-    // kill); it allocates nothing and takes no lock. The descriptor stays
-    // open in the parent until the spawn has returned.
+    // async-signal-safe system calls (write, setrlimit); it allocates
+    // nothing and takes no lock. The descriptor stays open in the parent
+    // until the spawn has returned.
     unsafe {
         cmd.pre_exec(move || {
             if let Some(fd) = cgroup_procs {
@@ -139,14 +143,10 @@ fn prepare_child(cmd: &mut Command, cgroup_procs: Option<RawFd>, nofile: Option<
             if let Some(limit) = nofile {
                 descriptors::restore(limit)?;
             }
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            // The parent may have died before prctl took effect.
-            if nix::unistd::getppid() != parent {
-                nix::sys::signal::raise(Signal::SIGKILL)?;
-            }
             Ok(())
         });
     }
+    ray_dashd_contract::child::own_child(cmd.as_std_mut());
 }
 
 /// `dashboard_<name>.<ext>`: a module's log file in `<session>/logs`.

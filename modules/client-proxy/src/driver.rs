@@ -22,7 +22,7 @@ use ray_dashd_tls::RayTls;
 use tonic::body::Body;
 use tracing::{debug, warn};
 
-use crate::servers::{CONNECTION_WINDOW_BYTES, MAX_FRAME_BYTES, STREAM_WINDOW_BYTES};
+use crate::h2_settings::{CONNECTION_WINDOW_BYTES, MAX_FRAME_BYTES, STREAM_WINDOW_BYTES};
 
 /// The longest wait for the TCP connection and the HTTP/2 handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -12,7 +12,10 @@
 //! stops servers and owns the port pool; [`runtime_env`] prepares a
 //! client's runtime env; [`gcs`] makes the GCS calls the proxy makes itself;
 //! [`wire`] reads the few messages the proxy must look into; [`incoming`]
-//! takes the client port's connections (with Ray's TLS when it is on).
+//! takes the client port's connections (with Ray's TLS when it is on);
+//! [`driver`] is the connection a server's `RayletDriver` calls take;
+//! [`listeners`] tells who listens on a port; [`h2_settings`] are the
+//! HTTP/2 settings of both sides.
 //!
 //! Ray's TLS (`RAY_USE_TLS` and the `RAY_TLS_*` files, read by
 //! `ray-dashd-tls` as the host reads them) covers all three sides, as it
@@ -25,6 +28,7 @@ pub mod codec;
 pub mod driver;
 pub mod gcs;
 pub mod grpc;
+pub mod h2_settings;
 pub mod http;
 pub mod incoming;
 pub mod listeners;
@@ -96,9 +100,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .clone()
         .or_else(|| env.session_dir.as_ref().map(|s| s.join("logs")))
         .or_else(|| env.log_dir.clone())
-        .context(
-            "no --log-dir and no session folder (RAY_DASHD_SESSION_DIR) for the servers' logs",
-        )?;
+        .with_context(|| {
+            format!(
+                "no --log-dir and no session folder ({}) for the servers' logs",
+                ray_dashd_sdk::SESSION_DIR_VAR
+            )
+        })?;
     servers::check_log_dir(&log_dir)
         .with_context(|| format!("cannot create {}", log_dir.display()))?;
 
@@ -264,9 +271,9 @@ async fn serve_grpc(
     let served = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .initial_stream_window_size(Some(servers::STREAM_WINDOW_BYTES))
-        .initial_connection_window_size(Some(servers::CONNECTION_WINDOW_BYTES))
-        .max_frame_size(Some(servers::MAX_FRAME_BYTES))
+        .initial_stream_window_size(Some(h2_settings::STREAM_WINDOW_BYTES))
+        .initial_connection_window_size(Some(h2_settings::CONNECTION_WINDOW_BYTES))
+        .max_frame_size(Some(h2_settings::MAX_FRAME_BYTES))
         .add_service(grpc::DriverService::new(proxy.clone()))
         .add_service(grpc::DataService::new(proxy.clone()))
         .add_service(grpc::LogService::new(proxy))

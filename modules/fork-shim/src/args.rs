@@ -5,6 +5,8 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ray_dashd_contract::names::{fork_socket_name, SOCKET_VAR};
+
 /// One line of usage, printed after a bad command line.
 pub(crate) const USAGE: &str = "usage: ray-dashd fork-shim --zygote NAME [--wait SECS] \
      [--reply-timeout SECS] MODULE -- FALLBACK-COMMAND...";
@@ -96,13 +98,14 @@ impl Args {
 
     /// The zygote's fork socket, beside the module's own socket.
     pub(crate) fn zygote_socket(&self) -> Result<PathBuf, String> {
-        let own = std::env::var_os("RAY_DASHD_SOCKET")
-            .ok_or("RAY_DASHD_SOCKET is not set (the shim is meant to be started by ray-dashd)")?;
+        let own = std::env::var_os(SOCKET_VAR).ok_or_else(|| {
+            format!("{SOCKET_VAR} is not set (the shim is meant to be started by ray-dashd)")
+        })?;
         let dir = PathBuf::from(own)
             .parent()
             .map(PathBuf::from)
-            .ok_or("RAY_DASHD_SOCKET has no folder")?;
-        Ok(dir.join(format!("dash_{}.fork", self.zygote)))
+            .ok_or_else(|| format!("{SOCKET_VAR} has no folder"))?;
+        Ok(dir.join(fork_socket_name(&self.zygote)))
     }
 
     /// The fallback program's name, for messages.

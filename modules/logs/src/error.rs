@@ -12,7 +12,7 @@ use ray_dashd_sdk::SdkError;
 use rustix::io::Errno;
 use serde_json::json;
 
-use crate::routes::FILE_SIZE_HEADER;
+use crate::headers::FILE_SIZE_HEADER;
 
 /// Errors that stop the module before it serves anything.
 #[derive(Debug, thiserror::Error)]
@@ -21,7 +21,11 @@ pub enum StartupError {
     #[error(transparent)]
     Sdk(#[from] SdkError),
     /// Neither `RAY_DASHD_LOG_DIR` nor `RAY_DASHD_SESSION_DIR` is set.
-    #[error("no log folder: set RAY_DASHD_LOG_DIR (or RAY_DASHD_SESSION_DIR)")]
+    #[error(
+        "no log folder: set {} (or {})",
+        ray_dashd_sdk::LOG_DIR_VAR,
+        ray_dashd_sdk::SESSION_DIR_VAR
+    )]
     NoLogDir,
     /// The log folder cannot be resolved, or is not a folder.
     #[error("log folder {}: {source}", path.display())]

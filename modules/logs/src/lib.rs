@@ -13,6 +13,7 @@
 //! - `follow.rs`: the follower behind both live routes (truncation, rotation)
 //! - `routes.rs`: the http and stream routes: queries, headers, bodies
 //! - `ws.rs`: the websocket route
+//! - `headers.rs`: the names of the headers that say where a file stood
 //! - `error.rs`: errors, and their one mapping to HTTP answers
 
 mod beneath;
@@ -21,6 +22,7 @@ mod files;
 #[cfg(test)]
 mod fixture;
 mod follow;
+mod headers;
 mod routes;
 mod tail;
 mod ws;

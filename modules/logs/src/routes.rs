@@ -19,15 +19,9 @@ use tokio_util::io::ReaderStream;
 use crate::error::LogsError;
 use crate::files::Listing;
 use crate::follow::{Follower, Start, MAX_TAIL_BYTES};
+use crate::headers::{FILE_SIZE_HEADER, NEXT_OFFSET_HEADER, START_OFFSET_HEADER};
 use crate::tail::{read_range, tail_start};
 use crate::AppState;
-
-/// Size of the file in bytes when it was read.
-pub(crate) const FILE_SIZE_HEADER: HeaderName = HeaderName::from_static("x-file-size");
-/// Offset in the file of the first byte of the body.
-pub(crate) const START_OFFSET_HEADER: HeaderName = HeaderName::from_static("x-start-offset");
-/// Offset just past the last byte of the body: where to continue following.
-pub(crate) const NEXT_OFFSET_HEADER: HeaderName = HeaderName::from_static("x-next-offset");
 
 /// Lines `file?lines=` returns when not told.
 pub(crate) const DEFAULT_LINES: usize = 1000;

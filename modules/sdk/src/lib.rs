@@ -43,19 +43,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::signal::unix::{signal, SignalKind};
 
-/// Name of the variable holding the Unix socket path to listen on.
-pub const SOCKET_VAR: &str = "RAY_DASHD_SOCKET";
-/// Name of the variable holding the module's name.
-pub const MODULE_VAR: &str = "RAY_DASHD_MODULE";
-/// Name of the variable holding the module's incarnation number.
-pub const INCARNATION_VAR: &str = "RAY_DASHD_INCARNATION";
-/// Name of the variable holding the Ray session directory.
-pub const SESSION_DIR_VAR: &str = "RAY_DASHD_SESSION_DIR";
-/// Name of the variable holding the module's log directory.
-pub const LOG_DIR_VAR: &str = "RAY_DASHD_LOG_DIR";
-
-/// Path of the health check the host polls to decide the module is ready.
-pub const HEALTHZ_PATH: &str = "/api/healthz";
+// The module contract's names, as the host sets and polls them.
+pub use ray_dashd_contract::names::{
+    HEALTHZ_PATH, INCARNATION_VAR, LOG_DIR_VAR, MODULE_VAR, SESSION_DIR_VAR, SOCKET_VAR,
+};
 
 /// Errors from reading the module environment or serving the socket.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,21 @@
+//! What ray-dashd (the host), its modules, its helper processes and the
+//! bench agree on, written once: a small crate of plain functions, without
+//! an async runtime, that every side can depend on without pulling in
+//! another's.
+//!
+//! # Layout
+//!
+//! - [`names`]: the module contract's names: the environment variables the
+//!   host starts a module with, its health path and its socket's name.
+//! - [`child`]: the set-up of a child process a process owns (its own
+//!   process group, killed by the kernel when its parent dies).
+//! - [`proc`]: reading `/proc`: a process's `stat` line, the pids, command
+//!   lines and `status` values.
+//! - [`token`]: the cluster's token, compared in constant time.
+
+pub mod child;
+pub mod names;
+pub mod proc;
+pub mod token;
+
+pub use token::Token;

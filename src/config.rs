@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::Cli;
 use crate::error::ConfigError;
 use crate::routes::RouteSpec;
+pub use crate::session::rotating::{Rotation, DEFAULT_BACKUP_COUNT, DEFAULT_MAX_BYTES};
 use raw::{parse, RawConfig, RawModules};
 use ray::RaySettings;
 use validate::Validator;
@@ -162,39 +163,6 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 100;
 /// laptop waking up; short enough that a client that stopped reading or
 /// sending lets its module request go within a minute.
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Ray's default `RAY_ROTATION_MAX_BYTES`: 512 MiB.
-pub const DEFAULT_MAX_BYTES: u64 = 512 * 1024 * 1024;
-
-/// Ray's default `RAY_ROTATION_BACKUP_COUNT`.
-pub const DEFAULT_BACKUP_COUNT: u32 = 5;
-
-/// How the log files the host writes rotate (`server.log_rotation_*`,
-/// Ray's `RAY_ROTATION_*` variables over them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rotation {
-    /// The size a file may reach before it is rotated; 0: never rotated.
-    pub max_bytes: u64,
-    /// How many rotated files are kept (`name.1` … `name.N`); 0: never
-    /// rotated (as Python's handler, which then lets the file grow).
-    pub backup_count: u32,
-}
-
-impl Default for Rotation {
-    fn default() -> Self {
-        Rotation {
-            max_bytes: DEFAULT_MAX_BYTES,
-            backup_count: DEFAULT_BACKUP_COUNT,
-        }
-    }
-}
-
-impl Rotation {
-    /// Whether files rotate at all.
-    pub fn enabled(self) -> bool {
-        self.max_bytes > 0 && self.backup_count > 0
-    }
-}
 
 /// Requests that may wait for a connection per module when the config names
 /// no number: ten times the default connections, so a burst of a thousand

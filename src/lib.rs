@@ -22,7 +22,8 @@
 //! 5. [`supervisor`]: one task per module; spawn, health-check, restart.
 //! 6. [`proxy`] (forwarding module routes) and [`ray`] (Ray's own
 //!    dashboard modules, and what Ray's dashboard parent serves itself:
-//!    token auth, GCS check), side by side.
+//!    token auth, GCS check), side by side; then [`reload`] (a config's
+//!    modules applied to the supervisor and the proxy's routes).
 //! 7. [`server`]: the request guard, the host's own routes and UI, the
 //!    accept loop.
 //! 8. This file ([`launch`], [`run`]) and `main.rs`.

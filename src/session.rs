@@ -5,14 +5,13 @@ mod log_dir;
 pub mod rotating;
 
 pub use log_dir::{LogDir, LogFileError};
-pub use rotating::RotatingFile;
+pub use rotating::{RotatingFile, Rotation};
 
 use std::fs::{self, DirBuilder};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::config::Rotation;
 use crate::error::StartupError;
 
 /// The most bytes a Unix socket path may have (`sun_path` less its NUL).

@@ -16,7 +16,39 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use super::log_dir::{LogDir, LogFileError};
-use crate::config::Rotation;
+
+/// Ray's default `RAY_ROTATION_MAX_BYTES`: 512 MiB.
+pub const DEFAULT_MAX_BYTES: u64 = 512 * 1024 * 1024;
+
+/// Ray's default `RAY_ROTATION_BACKUP_COUNT`.
+pub const DEFAULT_BACKUP_COUNT: u32 = 5;
+
+/// How the log files the host writes rotate (`server.log_rotation_*` in
+/// the config, Ray's `RAY_ROTATION_*` variables over them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotation {
+    /// The size a file may reach before it is rotated; 0: never rotated.
+    pub max_bytes: u64,
+    /// How many rotated files are kept (`name.1` … `name.N`); 0: never
+    /// rotated (as Python's handler, which then lets the file grow).
+    pub backup_count: u32,
+}
+
+impl Default for Rotation {
+    fn default() -> Self {
+        Rotation {
+            max_bytes: DEFAULT_MAX_BYTES,
+            backup_count: DEFAULT_BACKUP_COUNT,
+        }
+    }
+}
+
+impl Rotation {
+    /// Whether files rotate at all.
+    pub fn enabled(self) -> bool {
+        self.max_bytes > 0 && self.backup_count > 0
+    }
+}
 
 /// A log file of [`LogDir`] that rotates by size. Opened, like every log
 /// file there, without following a link (and so reopened after each

@@ -190,30 +190,7 @@ async fn another_users_sockets_folder_gets_no_request_and_no_module() {
     let socket = sockets.join("dash_tm");
     let mut attacker = Attacker::start(&["listen", socket.to_str().expect("utf-8")]);
 
-    let requests = (0..12).map(|_| {
-        let url = d.url("/test/slow?ms=300");
-        async move {
-            let response = client()
-                .get(url)
-                .header("authorization", "Bearer secret-of-the-operator")
-                .send()
-                .await
-                .expect("an answer");
-            (
-                response.status().as_u16(),
-                response.text().await.unwrap_or_default(),
-            )
-        }
-    });
-    let answers = futures_util::future::join_all(requests).await;
-    assert!(
-        answers.iter().all(|(_, body)| !body.contains("attacker")),
-        "{answers:?}"
-    );
-    assert!(
-        answers.iter().any(|(status, _)| *status == 502),
-        "no request needed a new connection: {answers:?}"
-    );
+    crate::sockets::operator_requests_miss_the_listener(&d).await;
     let restarted = client()
         .post(d.url("/api/modules/tm/restart"))
         .send()

@@ -51,6 +51,18 @@ fn names(report: &Value, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// What the module serving `/test/info` says of itself.
+async fn info(d: &Dashd) -> Value {
+    client()
+        .get(d.url("/test/info"))
+        .send()
+        .await
+        .expect("info")
+        .json()
+        .await
+        .expect("info json")
+}
+
 fn pid(report: &Value) -> u64 {
     report["pid"].as_u64().expect("a pid")
 }
@@ -78,14 +90,7 @@ async fn a_reload_starts_added_modules_and_leaves_the_others_alone() {
     assert_eq!(names(&report, "unchanged"), ["a"], "{report}");
     assert!(names(&report, "removed").is_empty(), "{report}");
     d.healthy("b", 0).await;
-    let info: Value = client()
-        .get(d.url("/test/info"))
-        .send()
-        .await
-        .expect("info")
-        .json()
-        .await
-        .expect("info json");
+    let info = info(&d).await;
     assert_eq!(info["module"], "b", "{info}");
 
     assert_eq!(pid(&d.module("a").await), pid(&a), "a was restarted");
@@ -189,14 +194,7 @@ async fn a_changed_module_starts_again_with_its_new_settings() {
     })
     .await;
     assert!(restarted.is_some(), "b not restarted:\n{}", d.log());
-    let info: Value = client()
-        .get(d.url("/test/info"))
-        .send()
-        .await
-        .expect("info")
-        .json()
-        .await
-        .expect("info json");
+    let info = info(&d).await;
     assert_eq!(info["env"]["RAY_DASHD_TEST_SETTING"], "new", "{info}");
 }
 

@@ -43,32 +43,7 @@ async fn a_swapped_sockets_folder_gets_no_request_and_no_module() {
         }
     });
 
-    // More requests at once than the pool has idle connections: new ones
-    // are opened, and their path now leads to the other user's listener.
-    let requests = (0..12).map(|_| {
-        let url = d.url("/test/slow?ms=300");
-        async move {
-            let response = client()
-                .get(url)
-                .header("authorization", "Bearer secret-of-the-operator")
-                .send()
-                .await
-                .expect("an answer");
-            (
-                response.status().as_u16(),
-                response.text().await.unwrap_or_default(),
-            )
-        }
-    });
-    let answers = futures_util::future::join_all(requests).await;
-    assert!(
-        answers.iter().all(|(_, body)| !body.contains("attacker")),
-        "{answers:?}"
-    );
-    assert!(
-        answers.iter().any(|(status, _)| *status == 502),
-        "no request needed a new connection: {answers:?}"
-    );
+    operator_requests_miss_the_listener(&d).await;
     assert!(
         accepted.load(Ordering::SeqCst) > 0,
         "the listener was never tried"
@@ -102,4 +77,35 @@ async fn a_swapped_sockets_folder_gets_no_request_and_no_module() {
     assert!(refused.is_some(), "{}\n{}", d.module("tm").await, d.log());
     assert_eq!(received.load(Ordering::SeqCst), 0);
     server.abort();
+}
+
+/// Sends more requests at once than the pool has idle connections, with
+/// the operator's `Authorization`: new connections are opened, and their
+/// path now leads to another listener. Asserts that no answer came from
+/// it and that some request needed a new connection (and got 502).
+pub(crate) async fn operator_requests_miss_the_listener(d: &crate::support::Dashd) {
+    let requests = (0..12).map(|_| {
+        let url = d.url("/test/slow?ms=300");
+        async move {
+            let response = client()
+                .get(url)
+                .header("authorization", "Bearer secret-of-the-operator")
+                .send()
+                .await
+                .expect("an answer");
+            (
+                response.status().as_u16(),
+                response.text().await.unwrap_or_default(),
+            )
+        }
+    });
+    let answers = futures_util::future::join_all(requests).await;
+    assert!(
+        answers.iter().all(|(_, body)| !body.contains("attacker")),
+        "{answers:?}"
+    );
+    assert!(
+        answers.iter().any(|(status, _)| *status == 502),
+        "no request needed a new connection: {answers:?}"
+    );
 }

@@ -589,8 +589,13 @@ fn client_proxy_spec(
 
 /// The checker of `head`'s GCS for a dashboard bound to `bound`: it keeps
 /// `head.parent.gcs` current, writes the dashboard's address to the GCS
-/// keys `dashboard` and `webui:url`, and ends when the head is gone.
-pub fn watcher(head: &RayHead, bound: SocketAddr) -> Result<Watcher<GcsClient>, StartupError> {
+/// keys `dashboard` and `webui:url` (as `https://host:port` when it serves
+/// `https`), and ends when the head is gone.
+pub fn watcher(
+    head: &RayHead,
+    bound: SocketAddr,
+    https: bool,
+) -> Result<Watcher<GcsClient>, StartupError> {
     let client = GcsClient::new(
         &head.gcs_address,
         head.parent.token.as_ref(),
@@ -600,7 +605,7 @@ pub fn watcher(head: &RayHead, bound: SocketAddr) -> Result<Watcher<GcsClient>, 
     Ok(Watcher::new(
         client,
         head.gcs_address.clone(),
-        gcs::advertised_address(bound, &head.gcs_address),
+        gcs::advertised_url(bound, &head.gcs_address, https),
         head.gcs_gone_after,
         head.parent.gcs.clone(),
     ))

@@ -32,4 +32,5 @@ mod reload;
 mod shutdown;
 mod sockets;
 mod supervisor;
+mod tls;
 mod ui;

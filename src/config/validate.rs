@@ -12,7 +12,7 @@ use super::hosts::{allowed_host, allowed_origin};
 use super::raw::{RawConfig, RawModule, RawSupervision};
 use super::ray::{PythonSource, RayPython, RaySettings, DEFAULT_CLIENT_PORT, GCS_GONE_AFTER};
 use super::{
-    Config, ModuleSpec, Rotation, ServerSettings, Supervision, DEFAULT_BACKUP_COUNT,
+    Config, ModuleSpec, Rotation, ServerSettings, Supervision, TlsFiles, DEFAULT_BACKUP_COUNT,
     DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_MAX_BYTES, MIN_HEADER_BYTES,
 };
 use crate::cli::Cli;
@@ -101,6 +101,10 @@ impl Validator<'_> {
                     .or(s.log_rotation_backup_count)
                     .unwrap_or(DEFAULT_BACKUP_COUNT),
             },
+            tls: self.tls(
+                cli.tls_cert.clone().or(s.tls_cert),
+                cli.tls_key.clone().or(s.tls_key),
+            )?,
         };
 
         Ok(Config {
@@ -134,6 +138,35 @@ impl Validator<'_> {
                 launch: raw.ray.launch.unwrap_or_default(),
             },
         })
+    }
+
+    /// The dashboard port's TLS files: both named, or neither.
+    fn tls(
+        &self,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+    ) -> Result<Option<TlsFiles>, ConfigError> {
+        let named = |field: &str, path: Option<PathBuf>| match path {
+            Some(path) if path.as_os_str().is_empty() => {
+                Err(self.invalid(field, "must name a PEM file"))
+            }
+            path => Ok(path),
+        };
+        match (
+            named("server.tls_cert", cert)?,
+            named("server.tls_key", key)?,
+        ) {
+            (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key })),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(self.invalid(
+                "server.tls_key",
+                "must be set with server.tls_cert (--tls-key, RAY_DASHD_TLS_KEY): HTTPS needs both the certificate and its key",
+            )),
+            (None, Some(_)) => Err(self.invalid(
+                "server.tls_cert",
+                "must be set with server.tls_key (--tls-cert, RAY_DASHD_TLS_CERT): HTTPS needs both the certificate and its key",
+            )),
+        }
     }
 
     /// The Python for Ray's modules when one is named: `--ray-python` (or

@@ -474,6 +474,18 @@ pub fn advertised_address(bound: SocketAddr, gcs_address: &str) -> String {
     }
 }
 
+/// What the GCS keys hold for a dashboard bound to `bound`: its
+/// [`advertised_address`], bare (Ray's tools take that for `http://`) or,
+/// when it serves `https`, with the scheme (which they all keep).
+pub fn advertised_url(bound: SocketAddr, gcs_address: &str, https: bool) -> String {
+    let address = advertised_address(bound, gcs_address);
+    if https {
+        format!("https://{address}")
+    } else {
+        address
+    }
+}
+
 fn loopback(family: IpAddr) -> IpAddr {
     match family {
         IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),

@@ -72,6 +72,12 @@ pub struct Cli {
     #[arg(long, env = "RAY_DASHD_TLS_KEY", value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
 
+    /// Serve everything (the UI, the API, module routes, websockets)
+    /// under this path, as a reverse proxy that mounts the dashboard
+    /// there expects: `/` then segments, no trailing `/`. [default: /]
+    #[arg(long, env = "RAY_DASHD_URL_PREFIX", value_name = "PATH")]
+    pub url_prefix: Option<String>,
+
     /// A TOML config file (modules, limits, supervision settings), laid
     /// over the built-in config/default.toml: what it sets replaces the
     /// built-in setting; the built-in modules stay unless it lists its own.

@@ -92,6 +92,9 @@ pub struct ServerSettings {
     /// The certificate and key the dashboard port serves HTTPS and WSS
     /// with (`server.tls_cert`, `server.tls_key`); `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
+    /// The path everything is served under (`/` then segments of
+    /// unreserved characters, no trailing `/`); empty: `/`.
+    pub url_prefix: String,
 }
 
 /// The PEM files of the dashboard port's TLS, read at start and again at

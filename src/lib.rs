@@ -198,7 +198,7 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
                 let bound = listener
                     .local_addr()
                     .map_err(|source| StartupError::Bind { addr, source })?;
-                let watcher = ray::watcher(head, bound, tls.is_some())?;
+                let watcher = ray::watcher(head, bound, tls.is_some(), &config.server.url_prefix)?;
                 tokio::spawn(async move {
                     let _ = gone_tx.send(watcher.run().await);
                 });
@@ -308,6 +308,7 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
         },
         guard,
         token,
+        &config.server.url_prefix,
     );
     info!(
         addr = %local,

@@ -1,6 +1,7 @@
 //! The HTTP server, the top layer below `lib.rs`: the service every
-//! connection runs ([`Dispatch`]: the request [`guard`], then a module
-//! route straight to the proxy, else the host's [`router`]), the router
+//! connection runs ([`Dispatch`]: `server.url_prefix` taken off
+//! (`prefix.rs`), the request [`guard`], then a module route straight to
+//! the proxy, else the host's [`router`]), the router
 //! built from the host's routes (its API in `api.rs`, the UI's files in
 //! `assets.rs`), and the accept loop with its limits and graceful drain
 //! (`accept.rs`), in the clear or over TLS ([`tls`]).
@@ -9,6 +10,7 @@ mod accept;
 mod api;
 mod assets;
 pub mod guard;
+mod prefix;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -35,12 +37,14 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
+use crate::error::ProxyError;
 use crate::proxy::{is_send_timeout, Proxy, Routed, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
 use crate::reload::Reloader;
 use crate::routes::host::{HostHandler, HOST_ROUTES};
 use crate::supervisor::Supervisor;
 use guard::{Guard, Refusal};
+use prefix::{Placed, UrlPrefix};
 use tls::ServerTls;
 
 /// How long a client may take to send a request's head.
@@ -139,18 +143,35 @@ pub struct Dispatch {
     /// Ray's modules are hosted): every request but the public ones must
     /// bear it.
     token: Option<auth::Token>,
+    /// `server.url_prefix`, when set: only paths under it are answered.
+    prefix: Option<UrlPrefix>,
 }
 
 impl Dispatch {
     /// Serves `state`'s module routes through the proxy and the rest through
     /// [`router`], what `guard` admits of either, to requests bearing
-    /// `token` when one is given.
-    pub fn new(state: AppState, guard: Guard, token: Option<auth::Token>) -> Dispatch {
+    /// `token` when one is given, under `url_prefix` (`""`: at `/`).
+    pub fn new(
+        state: AppState,
+        guard: Guard,
+        token: Option<auth::Token>,
+        url_prefix: &str,
+    ) -> Dispatch {
         Dispatch {
             proxy: Arc::clone(&state.proxy),
             guard: Arc::new(guard),
             token,
             router: router(state),
+            prefix: UrlPrefix::new(url_prefix),
+        }
+    }
+
+    /// `path` as the routes see it: without the prefix; `None` when it is
+    /// not under the prefix.
+    pub(crate) fn route_path<'p>(&self, path: &'p str) -> Option<&'p str> {
+        match &self.prefix {
+            Some(prefix) => prefix.strip(path),
+            None => Some(path),
         }
     }
 
@@ -185,7 +206,37 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let request = request.map(Body::new);
+        let mut request = request.map(Body::new);
+        let Some(prefix) = &self.prefix else {
+            return self.route(request);
+        };
+        match prefix.place(request.uri()) {
+            Placed::Under(uri) => *request.uri_mut() = uri,
+            Placed::Bare => {
+                let response = prefix.redirect_bare(request.uri());
+                return Box::pin(async move { Ok(response) });
+            }
+            Placed::Outside => {
+                let path = request.uri().path().to_owned();
+                return Box::pin(async move { Ok(ProxyError::NotFound { path }.into_response()) });
+            }
+        }
+        let prefix = prefix.clone();
+        let routed = self.route(request);
+        Box::pin(async move {
+            let mut response = routed.await?;
+            prefix.restore_location(&mut response);
+            Ok(response)
+        })
+    }
+}
+
+impl Dispatch {
+    /// Answers a request whose path is as the routes see it.
+    fn route(
+        &self,
+        request: Request<Body>,
+    ) -> <Self as hyper::service::Service<Request<Incoming>>>::Future {
         if let Some(refused) = self.refuse(&request) {
             return Box::pin(async move { Ok(refused) });
         }

@@ -168,6 +168,7 @@ pub struct DashdBuilder {
     default_config: bool,
     nofile: Option<(u64, u64)>,
     ca: Option<String>,
+    prefix: String,
 }
 
 /// Starts describing a ray-dashd fixture.
@@ -232,6 +233,13 @@ impl DashdBuilder {
     /// variables or `[server]` settings).
     pub fn https(mut self, ca_pem: &str) -> Self {
         self.ca = Some(ca_pem.to_owned());
+        self
+    }
+
+    /// Addresses it under `prefix` ([`Dashd::url`] and the waits that use
+    /// it; the setting is passed as the test chooses).
+    pub fn prefixed(mut self, prefix: &str) -> Self {
+        self.prefix = prefix.to_owned();
         self
     }
 
@@ -353,6 +361,7 @@ impl DashdBuilder {
             tmp,
             token,
             ca: self.ca,
+            prefix: self.prefix,
         }
     }
 }
@@ -381,6 +390,8 @@ pub struct Dashd {
     token: Option<String>,
     /// The CA its certificate chains to, when it serves HTTPS.
     ca: Option<String>,
+    /// Its `server.url_prefix`, which [`Dashd::url`] puts before paths.
+    prefix: String,
 }
 
 impl Dashd {
@@ -410,15 +421,15 @@ impl Dashd {
         self.addr
     }
 
-    /// `http://<addr><path>` (`https` when it serves HTTPS).
+    /// `http://<addr><prefix><path>` (`https` when it serves HTTPS).
     pub fn url(&self, path: &str) -> String {
         let scheme = if self.ca.is_some() { "https" } else { "http" };
-        format!("{scheme}://{}{}", self.addr, path)
+        format!("{scheme}://{}{}{}", self.addr, self.prefix, path)
     }
 
-    /// `ws://<addr><path>`.
+    /// `ws://<addr><prefix><path>`.
     pub fn ws_url(&self, path: &str) -> String {
-        format!("ws://{}{}", self.addr, path)
+        format!("ws://{}{}{}", self.addr, self.prefix, path)
     }
 
     /// The config file it was started with (a reload reads it again).

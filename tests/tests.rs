@@ -34,3 +34,4 @@ mod sockets;
 mod supervisor;
 mod tls;
 mod ui;
+mod url_prefix;

@@ -95,6 +95,7 @@ fn server(config: &Config) -> RawServer {
         log_rotation_backup_count: Some(s.log_rotation.backup_count),
         tls_cert: s.tls.as_ref().map(|tls| tls.cert.clone()),
         tls_key: s.tls.as_ref().map(|tls| tls.key.clone()),
+        url_prefix: Some(s.url_prefix.clone()),
     }
 }
 

@@ -94,6 +94,8 @@ pub(super) struct RawServer {
     pub(super) tls_cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) tls_key: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) url_prefix: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize)]
@@ -198,6 +200,7 @@ impl RawServer {
                 .or(self.log_rotation_backup_count),
             tls_cert: over.tls_cert.clone().or(self.tls_cert),
             tls_key: over.tls_key.clone().or(self.tls_key),
+            url_prefix: over.url_prefix.clone().or(self.url_prefix),
         }
     }
 }

@@ -784,3 +784,20 @@ fn tls_needs_both_the_certificate_and_the_key() {
         "{msg}"
     );
 }
+
+/// Clean absolute paths are taken as the URL prefix, and the empty one
+/// means `/`; anything else names `server.url_prefix`.
+#[test]
+fn url_prefix_is_a_clean_absolute_path() {
+    for good in ["", "/ray", "/a.b/c-d_e~f/9"] {
+        let text = format!("[server]\nurl_prefix = {good:?}\n");
+        assert_eq!(load(&text).expect(good).server.url_prefix, good);
+    }
+    let msg = load("[server]\nurl_prefix = \"/ray/\"\n")
+        .expect_err("trailing slash")
+        .to_string();
+    assert_eq!(
+        msg,
+        "config test.toml: server.url_prefix: \"/ray/\" must not end with '/' (leave it unset to serve at /)"
+    );
+}

@@ -105,6 +105,11 @@ impl Validator<'_> {
                 cli.tls_cert.clone().or(s.tls_cert),
                 cli.tls_key.clone().or(s.tls_key),
             )?,
+            url_prefix: {
+                let prefix = cli.url_prefix.clone().or(s.url_prefix).unwrap_or_default();
+                check_url_prefix(&prefix).map_err(|p| self.invalid("server.url_prefix", p))?;
+                prefix
+            },
         };
 
         Ok(Config {
@@ -571,6 +576,40 @@ pub(super) fn overlap_probe(pattern: &str, host: &str) -> String {
         }
     }
     probe.join("/")
+}
+
+/// Checks `server.url_prefix`: empty, or `/` then segments of unreserved
+/// characters (RFC 3986 §2.3), none empty, `.` or `..`, and no trailing
+/// `/`, so that it means one path however a client or proxy normalizes it.
+pub(super) fn check_url_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.is_empty() {
+        return Ok(());
+    }
+    let Some(rest) = prefix.strip_prefix('/') else {
+        return Err(format!("{prefix:?} must start with '/'"));
+    };
+    if rest.is_empty() || rest.ends_with('/') {
+        return Err(format!(
+            "{prefix:?} must not end with '/' (leave it unset to serve at /)"
+        ));
+    }
+    for segment in rest.split('/') {
+        if segment.is_empty() {
+            return Err(format!("{prefix:?} must not contain '//'"));
+        }
+        if segment == "." || segment == ".." {
+            return Err(format!("{prefix:?} must not have '.' or '..' segments"));
+        }
+        if let Some(c) = segment
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~')))
+        {
+            return Err(format!(
+                "{prefix:?}: {c:?} is not allowed; only letters, digits, '-', '.', '_', '~' and '/' are"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks an aiohttp-style path pattern: absolute, `{name}` segments only.

@@ -2,7 +2,7 @@
 //! host's API, module routes and websockets over TLS with a certificate of
 //! a CA made here, plain HTTP told to use HTTPS, a key that is not the
 //! certificate's refused at start, and a new certificate served after
-//! SIGHUP.
+//! SIGHUP; against a real Ray head, `ray job submit` over HTTPS.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_tungstenite::tungstenite::Message;
 
+use crate::ray_head::{free_port, hosting, ray_python, text, RayHead, RAY_WAIT};
 use crate::support::{dashd, eventually, raw_exchange, test_module, Dashd, WAIT};
 
 /// A CA, and what it signs.
@@ -280,4 +281,65 @@ async fn sighup_serves_the_new_certificate() {
         .await
         .expect("HTTPS GET /api/healthz");
     assert_eq!(health.status(), 200);
+}
+
+/// Waits, within [`RAY_WAIT`], until Ray's job module behind `d` is
+/// healthy; fails the test with the host's log otherwise.
+pub(crate) async fn job_module_healthy(d: &Dashd) {
+    let healthy = eventually(RAY_WAIT, || async {
+        let module: serde_json::Value = d
+            .client()
+            .get(d.url("/api/modules/JobHead"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (module["state"] == "healthy").then_some(())
+    })
+    .await;
+    assert!(
+        healthy.is_some(),
+        "Ray's JobHead never became healthy; log:\n{}",
+        d.log()
+    );
+}
+
+/// Against a real Ray head: `ray job submit --address https://…` with the
+/// CA as `--verify` runs a job through ray-dashd serving HTTPS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ray_job_submit_over_https() {
+    let python = ray_python();
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    ca.issue(dir.path(), "dashboard");
+    std::fs::write(dir.path().join("ca.pem"), &ca.pem).expect("write CA");
+    let head = RayHead::start(&python);
+    let d = hosting(&head, &python, free_port(), "")
+        .env("RAY_DASHD_TLS_CERT", &path(dir.path(), "cert.pem"))
+        .env("RAY_DASHD_TLS_KEY", &path(dir.path(), "key.pem"))
+        .https(&ca.pem)
+        .start();
+    job_module_healthy(&d).await;
+    let address = d.url("");
+    assert!(address.starts_with("https://"), "{address}");
+    let submitted = head.cli(&[
+        "job",
+        "submit",
+        "--address",
+        &address,
+        "--verify",
+        &path(dir.path(), "ca.pem"),
+        "--",
+        "python",
+        "-c",
+        "print(6 * 7)",
+    ]);
+    let out = text(&submitted);
+    assert!(submitted.status.success(), "{out}\nlog:\n{}", d.log());
+    assert!(
+        out.lines().any(|l| l.trim() == "42"),
+        "job output missing: {out}"
+    );
 }

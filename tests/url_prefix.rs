@@ -1,13 +1,16 @@
 //! `--url-prefix`: everything (the host's API and UI, module routes of
 //! each kind, websockets) answered under the prefix and nothing outside
-//! it, redirects pointed back under it, and bad prefixes refused.
+//! it, redirects pointed back under it, and bad prefixes refused; against
+//! a real Ray head, `ray job submit` with the prefix in its address.
 
 use std::process::Command;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::{self, Message};
 
+use crate::ray_head::{free_port, hosting, ray_python, text, RayHead};
 use crate::support::{client, dashd, test_module, WAIT};
+use crate::tls::job_module_healthy;
 
 const PREFIX: &str = "/ray/dash-1";
 
@@ -131,4 +134,43 @@ fn bad_prefixes_are_refused() {
         assert!(stderr.contains(": server.url_prefix: "), "{bad}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{bad}: {stderr}");
     }
+}
+
+/// Against a real Ray head: `ray job submit --address
+/// http://127.0.0.1:PORT/prefix` runs a job through ray-dashd, and Ray's
+/// own web UI answers under the prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ray_job_submit_under_a_prefix() {
+    let python = ray_python();
+    let head = RayHead::start(&python);
+    let d = hosting(&head, &python, free_port(), "")
+        .arg("--url-prefix")
+        .arg(PREFIX)
+        .prefixed(PREFIX)
+        .start();
+    job_module_healthy(&d).await;
+    let address = d.url("");
+    let submitted = head.cli(&[
+        "job",
+        "submit",
+        "--address",
+        &address,
+        "--",
+        "python",
+        "-c",
+        "print(6 * 7)",
+    ]);
+    let out = text(&submitted);
+    assert!(submitted.status.success(), "{out}\nlog:\n{}", d.log());
+    assert!(
+        out.lines().any(|l| l.trim() == "42"),
+        "job output missing: {out}"
+    );
+    let version = d
+        .client()
+        .get(d.url("/api/version"))
+        .send()
+        .await
+        .expect("GET /api/version");
+    assert_eq!(version.status(), 200);
 }

@@ -198,6 +198,37 @@ impl Dispatch {
             .err()
             .and_then(refused)
     }
+
+    /// Answers a request whose path is as the routes see it (the prefix
+    /// taken off).
+    fn route(
+        &self,
+        request: Request<Body>,
+    ) -> <Self as hyper::service::Service<Request<Incoming>>>::Future {
+        if let Some(refused) = self.refuse(&request) {
+            return Box::pin(async move { Ok(refused) });
+        }
+        let lookup = self.proxy.lookup(&request);
+        if lookup.is_not_found() {
+            let router = self.router.clone();
+            return Box::pin(async move { router.oneshot(request).await });
+        }
+        let span = request_span(&lookup, &request);
+        let proxy = Arc::clone(&self.proxy);
+        if span.is_disabled() {
+            return Box::pin(async move { Ok(forward(&proxy, lookup, request).await) });
+        }
+        Box::pin(async move {
+            let started = tokio::time::Instant::now();
+            let response = forward(&proxy, lookup, request)
+                .instrument(span.clone())
+                .await;
+            span.record("status", response.status().as_u16());
+            span.record("latency_us", started.elapsed().as_micros() as u64);
+            span.in_scope(|| debug!("finished processing request"));
+            Ok(response)
+        })
+    }
 }
 
 impl hyper::service::Service<Request<Incoming>> for Dispatch {
@@ -226,38 +257,6 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
         Box::pin(async move {
             let mut response = routed.await?;
             prefix.restore_location(&mut response);
-            Ok(response)
-        })
-    }
-}
-
-impl Dispatch {
-    /// Answers a request whose path is as the routes see it.
-    fn route(
-        &self,
-        request: Request<Body>,
-    ) -> <Self as hyper::service::Service<Request<Incoming>>>::Future {
-        if let Some(refused) = self.refuse(&request) {
-            return Box::pin(async move { Ok(refused) });
-        }
-        let lookup = self.proxy.lookup(&request);
-        if lookup.is_not_found() {
-            let router = self.router.clone();
-            return Box::pin(async move { router.oneshot(request).await });
-        }
-        let span = request_span(&lookup, &request);
-        let proxy = Arc::clone(&self.proxy);
-        if span.is_disabled() {
-            return Box::pin(async move { Ok(forward(&proxy, lookup, request).await) });
-        }
-        Box::pin(async move {
-            let started = tokio::time::Instant::now();
-            let response = forward(&proxy, lookup, request)
-                .instrument(span.clone())
-                .await;
-            span.record("status", response.status().as_u16());
-            span.record("latency_us", started.elapsed().as_micros() as u64);
-            span.in_scope(|| debug!("finished processing request"));
             Ok(response)
         })
     }

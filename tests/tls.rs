@@ -306,6 +306,25 @@ pub(crate) async fn job_module_healthy(d: &Dashd) {
     );
 }
 
+/// What Ray's tools read from the GCS key `dashboard` of `head` once `d`
+/// has written it (read with Ray's own client, by `dashboard_kv.py`).
+pub(crate) async fn dashboard_key(head: &RayHead, d: &Dashd) -> String {
+    let written = eventually(RAY_WAIT, || async {
+        d.log()
+            .contains("dashboard address written to the GCS")
+            .then_some(())
+    })
+    .await;
+    assert!(written.is_some(), "no address written; log:\n{}", d.log());
+    let script = d.session().join("ray_dashd").join("dashboard_kv.py");
+    let mut command = Command::new(ray_python());
+    command.arg(&script).arg(&head.gcs);
+    head.env(&mut command);
+    let out = command.output().expect("run dashboard_kv.py");
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// Against a real Ray head: `ray job submit --address https://…` with the
 /// CA as `--verify` runs a job through ray-dashd serving HTTPS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,5 +360,9 @@ async fn ray_job_submit_over_https() {
     assert!(
         out.lines().any(|l| l.trim() == "42"),
         "job output missing: {out}"
+    );
+    assert_eq!(
+        dashboard_key(&head, &d).await,
+        format!("https://{}", d.addr())
     );
 }

@@ -10,7 +10,7 @@ use tokio_tungstenite::tungstenite::{self, Message};
 
 use crate::ray_head::{free_port, hosting, ray_python, text, RayHead};
 use crate::support::{client, dashd, test_module, WAIT};
-use crate::tls::job_module_healthy;
+use crate::tls::{dashboard_key, job_module_healthy};
 
 const PREFIX: &str = "/ray/dash-1";
 
@@ -173,4 +173,8 @@ async fn ray_job_submit_under_a_prefix() {
         .await
         .expect("GET /api/version");
     assert_eq!(version.status(), 200);
+    assert_eq!(
+        dashboard_key(&head, &d).await,
+        format!("{}{PREFIX}", d.addr())
+    );
 }

@@ -172,6 +172,40 @@ async fn wss_reaches_a_module_websocket() {
     ws.close(None).await.expect("close");
 }
 
+/// Over `server.max_connections`, a connection makes its TLS handshake
+/// and is answered `/api/healthz`, and 503 for anything else, as in the
+/// clear.
+#[tokio::test]
+async fn connections_over_the_cap_make_their_handshake_for_healthz() {
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    ca.issue(dir.path(), "dashboard");
+    let d = dashd()
+        .module(test_module("tm"))
+        .server("max_connections", "1")
+        .server("tls_cert", &format!("{:?}", path(dir.path(), "cert.pem")))
+        .server("tls_key", &format!("{:?}", path(dir.path(), "key.pem")))
+        .https(&ca.pem)
+        .start();
+    d.healthy("tm", 0).await;
+    // The one slot is this idle connection's once the fixture's own
+    // connections have closed; until then it may be one over the cap.
+    let held = eventually(WAIT, || async {
+        let held = connect_tls(d.addr(), &ca).await.ok()?;
+        let response = d.client().get(d.url("/test/echo")).send().await.ok()?;
+        (response.status() == 503).then_some(held)
+    })
+    .await;
+    assert!(held.is_some(), "never over the cap; log:\n{}", d.log());
+    let health = d
+        .client()
+        .get(d.url("/api/healthz"))
+        .send()
+        .await
+        .expect("HTTPS GET /api/healthz over the cap");
+    assert_eq!(health.status(), 200);
+}
+
 /// ray-dashd started with `args` (and a fresh session folder), which is
 /// expected to exit at once: its exit code and stderr.
 fn start_failing(args: &[&str]) -> (Option<i32>, String) {

@@ -63,6 +63,21 @@ pub struct Cli {
     #[arg(long, env = "RAY_ROTATION_BACKUP_COUNT", value_name = "N")]
     pub log_rotation_backup_count: Option<u32>,
 
+    /// The certificate chain (PEM) to serve HTTPS and WSS with on the
+    /// dashboard port, read again on SIGHUP; needs --tls-key.
+    #[arg(long, env = "RAY_DASHD_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "RAY_DASHD_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Serve everything (the UI, the API, module routes, websockets)
+    /// under this path, as a reverse proxy that mounts the dashboard
+    /// there expects: `/` then segments, no trailing `/`. [default: /]
+    #[arg(long, env = "RAY_DASHD_URL_PREFIX", value_name = "PATH")]
+    pub url_prefix: Option<String>,
+
     /// A TOML config file (modules, limits, supervision settings), laid
     /// over the built-in config/default.toml: what it sets replaces the
     /// built-in setting; the built-in modules stay unless it lists its own.

@@ -90,6 +90,23 @@ pub struct ServerSettings {
     pub cgroups: CgroupMode,
     /// How `ray-dashd.log` and the modules' `.out` and `.err` rotate.
     pub log_rotation: Rotation,
+    /// The certificate and key the dashboard port serves HTTPS and WSS
+    /// with (`server.tls_cert`, `server.tls_key`); `None`: plain HTTP.
+    pub tls: Option<TlsFiles>,
+    /// The path everything is served under (`/` then segments of
+    /// unreserved characters, no trailing `/`); empty: `/`.
+    pub url_prefix: String,
+}
+
+/// The PEM files of the dashboard port's TLS, read at start and again at
+/// every SIGHUP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, the server's certificate first.
+    pub cert: PathBuf,
+    /// The private key of the chain's first certificate (PKCS#8, PKCS#1
+    /// or SEC1).
+    pub key: PathBuf,
 }
 
 /// Whether module incarnations run in cgroups of their own

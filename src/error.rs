@@ -75,6 +75,9 @@ pub enum StartupError {
     /// this bottom layer names nothing of Ray's.
     #[error(transparent)]
     TokenAuth(Box<dyn std::error::Error + Send + Sync>),
+    /// The dashboard port's certificate or key cannot be used.
+    #[error(transparent)]
+    Tls(#[from] ray_dashd_tls::TlsError),
     /// The async runtime or its signal handlers could not be set up.
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -84,7 +87,7 @@ impl StartupError {
     /// The exit code: 64 (EX_USAGE) for configuration, 1 for the rest.
     pub fn exit_code(&self) -> u8 {
         match self {
-            StartupError::Config(_) => 64,
+            StartupError::Config(_) | StartupError::Tls(_) => 64,
             _ => 1,
         }
     }

@@ -134,6 +134,12 @@ fn max_connections(config: &Config, nofile: u64) -> usize {
 /// until SIGTERM or SIGINT, or until the Ray head it serves is gone;
 /// `config` was loaded from `cli`, which a reload reads again.
 pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
+    // Before anything is prepared: a certificate that cannot be served is
+    // a config error, and nothing should have started.
+    let tls = match &config.server.tls {
+        Some(files) => Some(Arc::new(server::tls::ServerTls::load(files)?)),
+        None => None,
+    };
     let session =
         Session::prepare(&config.session_dir)?.with_log_rotation(config.server.log_rotation);
     // Held until `launch` returns, after everything else stopped: its drop
@@ -193,7 +199,7 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
                 let bound = listener
                     .local_addr()
                     .map_err(|source| StartupError::Bind { addr, source })?;
-                let watcher = ray::watcher(head, bound)?;
+                let watcher = ray::watcher(head, bound, tls.is_some(), &config.server.url_prefix)?;
                 tokio::spawn(async move {
                     let _ = gone_tx.send(watcher.run().await);
                 });
@@ -220,6 +226,7 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
             early: early.into_iter().collect(),
             nofile,
             reload: Some(reload),
+            tls,
         };
         run(prepared, listener, shutdown).await;
         Ok(stopped)
@@ -253,6 +260,9 @@ pub struct Prepared {
     /// Where a reload (SIGHUP, `POST /api/reload`) reads the config again;
     /// `None`: no reload.
     pub reload: Option<ReloadSource>,
+    /// The dashboard port's TLS (`server.tls_cert`), its files read again
+    /// on SIGHUP; `None`: plain HTTP.
+    pub tls: Option<Arc<server::tls::ServerTls>>,
 }
 
 /// Starts the modules (taking over those `prepared` has started) and
@@ -269,6 +279,7 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
         early,
         nofile,
         reload,
+        tls,
     } = prepared;
     let local = listener
         .local_addr()
@@ -284,9 +295,7 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
             Arc::clone(&proxy),
         ))
     });
-    if let Some(reloader) = &reloader {
-        on_sighup(Arc::clone(reloader));
-    }
+    on_sighup(reloader.clone(), tls.clone());
     // The address actually bound decides whether Host is checked.
     let bound = listener.local_addr().map_or(config.host, |a| a.ip());
     let guard = server::guard::Guard::new(&config.server, bound, ray.is_some());
@@ -300,6 +309,7 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
         },
         guard,
         token,
+        &config.server.url_prefix,
     );
     info!(
         addr = %local,
@@ -308,7 +318,15 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
         "ray-dashd listening"
     );
     let max_connections = max_connections(&config, nofile);
-    server::serve(listener, service, &config.server, max_connections, shutdown).await;
+    server::serve(
+        listener,
+        service,
+        &config.server,
+        max_connections,
+        tls,
+        shutdown,
+    )
+    .await;
 
     let stop_budget = config
         .modules
@@ -327,10 +345,14 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
     supervisor.sweep().await;
 }
 
-/// Reloads the config at every SIGHUP, for the life of the runtime. A
-/// reload that fails is logged (by the reloader) and changes nothing.
-fn on_sighup(reloader: Arc<Reloader>) {
+/// Reloads the config and the dashboard port's certificate at every
+/// SIGHUP, for the life of the runtime. A reload that fails is logged (by
+/// the reloader, by the TLS) and changes nothing.
+fn on_sighup(reloader: Option<Arc<Reloader>>, tls: Option<Arc<server::tls::ServerTls>>) {
     use tokio::signal::unix::{signal, SignalKind};
+    if reloader.is_none() && tls.is_none() {
+        return;
+    }
     let mut hangups = match signal(SignalKind::hangup()) {
         Ok(hangups) => hangups,
         Err(error) => {
@@ -340,8 +362,16 @@ fn on_sighup(reloader: Arc<Reloader>) {
     };
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
-            info!("SIGHUP: reloading the config");
-            let _ = reloader.reload().await;
+            if let Some(tls) = &tls {
+                info!("SIGHUP: reloading the TLS certificate");
+                // Two small files, read off the runtime's threads.
+                let tls = Arc::clone(tls);
+                let _ = tokio::task::spawn_blocking(move || tls.reload()).await;
+            }
+            if let Some(reloader) = &reloader {
+                info!("SIGHUP: reloading the config");
+                let _ = reloader.reload().await;
+            }
         }
     });
 }

@@ -589,8 +589,14 @@ fn client_proxy_spec(
 
 /// The checker of `head`'s GCS for a dashboard bound to `bound`: it keeps
 /// `head.parent.gcs` current, writes the dashboard's address to the GCS
-/// keys `dashboard` and `webui:url`, and ends when the head is gone.
-pub fn watcher(head: &RayHead, bound: SocketAddr) -> Result<Watcher<GcsClient>, StartupError> {
+/// keys `dashboard` and `webui:url` (as `https://host:port` when it serves
+/// `https`, with its `url_prefix`), and ends when the head is gone.
+pub fn watcher(
+    head: &RayHead,
+    bound: SocketAddr,
+    https: bool,
+    url_prefix: &str,
+) -> Result<Watcher<GcsClient>, StartupError> {
     let client = GcsClient::new(
         &head.gcs_address,
         head.parent.token.as_ref(),
@@ -600,7 +606,7 @@ pub fn watcher(head: &RayHead, bound: SocketAddr) -> Result<Watcher<GcsClient>, 
     Ok(Watcher::new(
         client,
         head.gcs_address.clone(),
-        gcs::advertised_address(bound, &head.gcs_address),
+        gcs::advertised_url(bound, &head.gcs_address, https, url_prefix),
         head.gcs_gone_after,
         head.parent.gcs.clone(),
     ))

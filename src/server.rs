@@ -1,14 +1,17 @@
 //! The HTTP server, the top layer below `lib.rs`: the service every
-//! connection runs ([`Dispatch`]: the request [`guard`], then a module
-//! route straight to the proxy, else the host's [`router`]), the router
+//! connection runs ([`Dispatch`]: `server.url_prefix` taken off
+//! (`prefix.rs`), the request [`guard`], then a module route straight to
+//! the proxy, else the host's [`router`]), the router
 //! built from the host's routes (its API in `api.rs`, the UI's files in
 //! `assets.rs`), and the accept loop with its limits and graceful drain
-//! (`accept.rs`).
+//! (`accept.rs`), in the clear or over TLS ([`tls`]).
 
 mod accept;
 mod api;
 mod assets;
 pub mod guard;
+mod prefix;
+pub mod tls;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -24,6 +27,7 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -33,12 +37,15 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
+use crate::error::ProxyError;
 use crate::proxy::{is_send_timeout, Proxy, Routed, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
 use crate::reload::Reloader;
 use crate::routes::host::{HostHandler, HOST_ROUTES};
 use crate::supervisor::Supervisor;
 use guard::{Guard, Refusal};
+use prefix::{Placed, UrlPrefix};
+use tls::ServerTls;
 
 /// How long a client may take to send a request's head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -136,18 +143,35 @@ pub struct Dispatch {
     /// Ray's modules are hosted): every request but the public ones must
     /// bear it.
     token: Option<auth::Token>,
+    /// `server.url_prefix`, when set: only paths under it are answered.
+    prefix: Option<UrlPrefix>,
 }
 
 impl Dispatch {
     /// Serves `state`'s module routes through the proxy and the rest through
     /// [`router`], what `guard` admits of either, to requests bearing
-    /// `token` when one is given.
-    pub fn new(state: AppState, guard: Guard, token: Option<auth::Token>) -> Dispatch {
+    /// `token` when one is given, under `url_prefix` (`""`: at `/`).
+    pub fn new(
+        state: AppState,
+        guard: Guard,
+        token: Option<auth::Token>,
+        url_prefix: &str,
+    ) -> Dispatch {
         Dispatch {
             proxy: Arc::clone(&state.proxy),
             guard: Arc::new(guard),
             token,
             router: router(state),
+            prefix: UrlPrefix::new(url_prefix),
+        }
+    }
+
+    /// `path` as the routes see it: without the prefix; `None` when it is
+    /// not under the prefix.
+    pub(crate) fn route_path<'p>(&self, path: &'p str) -> Option<&'p str> {
+        match &self.prefix {
+            Some(prefix) => prefix.strip(path),
+            None => Some(path),
         }
     }
 
@@ -174,15 +198,13 @@ impl Dispatch {
             .err()
             .and_then(refused)
     }
-}
 
-impl hyper::service::Service<Request<Incoming>> for Dispatch {
-    type Response = Response;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
-
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let request = request.map(Body::new);
+    /// Answers a request whose path is as the routes see it (the prefix
+    /// taken off).
+    fn route(
+        &self,
+        request: Request<Body>,
+    ) -> <Self as hyper::service::Service<Request<Incoming>>>::Future {
         if let Some(refused) = self.refuse(&request) {
             return Box::pin(async move { Ok(refused) });
         }
@@ -204,6 +226,37 @@ impl hyper::service::Service<Request<Incoming>> for Dispatch {
             span.record("status", response.status().as_u16());
             span.record("latency_us", started.elapsed().as_micros() as u64);
             span.in_scope(|| debug!("finished processing request"));
+            Ok(response)
+        })
+    }
+}
+
+impl hyper::service::Service<Request<Incoming>> for Dispatch {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let mut request = request.map(Body::new);
+        let Some(prefix) = &self.prefix else {
+            return self.route(request);
+        };
+        match prefix.place(request.uri()) {
+            Placed::Under(uri) => *request.uri_mut() = uri,
+            Placed::Bare => {
+                let response = prefix.redirect_bare(request.uri());
+                return Box::pin(async move { Ok(response) });
+            }
+            Placed::Outside => {
+                let path = request.uri().path().to_owned();
+                return Box::pin(async move { Ok(ProxyError::NotFound { path }.into_response()) });
+            }
+        }
+        let prefix = prefix.clone();
+        let routed = self.route(request);
+        Box::pin(async move {
+            let mut response = routed.await?;
+            prefix.restore_location(&mut response);
             Ok(response)
         })
     }
@@ -248,17 +301,20 @@ async fn forward(proxy: &Proxy, lookup: Routed, request: Request<Body>) -> Respo
 /// Accepts connections on `listener` until `shutdown` resolves, then stops
 /// accepting and lets in-flight requests finish within the grace period.
 /// At most `max_connections` clients are served at once; see
-/// [`accept`] for the connections beyond.
+/// [`accept`] for the connections beyond. With `tls`, every connection
+/// makes its handshake first, in its own task.
 pub async fn serve(
     listener: TcpListener,
     service: Dispatch,
     settings: &ServerSettings,
     max_connections: usize,
+    tls: Option<Arc<ServerTls>>,
     shutdown: impl Future<Output = ()>,
 ) {
-    // HTTP/1.1 only: the dashboard's clients (browsers without TLS, Ray's
-    // CLI and SDK, probes) all speak it, and a plain connection lets a
-    // websocket relay take the bare socket back after the upgrade.
+    // HTTP/1.1 only: the dashboard's clients (browsers, Ray's CLI and SDK,
+    // probes) all speak it (over TLS too: ALPN offers nothing else), and a
+    // plain connection lets a websocket relay take the bare socket back
+    // after the upgrade.
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -302,8 +358,19 @@ pub async fn serve(
         let permit = match admission.admit() {
             accept::Admitted::Client(permit) => permit,
             accept::Admitted::Overflow(permit) => {
-                let connection =
-                    overflow_http.serve_connection(TokioIo::new(stream), overflow_service.clone());
+                let http = overflow_http.clone();
+                let service = overflow_service.clone();
+                let tls = tls.clone();
+                let connection = async move {
+                    match tls {
+                        None => http.serve_connection(TokioIo::new(stream), service).await?,
+                        Some(tls) => {
+                            let stream = tls.accept(stream, |tcp| tcp).await?;
+                            http.serve_connection(TokioIo::new(stream), service).await?
+                        }
+                    }
+                    Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+                };
                 connections.spawn(async move {
                     let _permit = permit;
                     match tokio::time::timeout(accept::OVERFLOW_DEADLINE, connection).await {
@@ -330,30 +397,26 @@ pub async fn serve(
         // The slot goes with the socket, into a websocket relay too; every
         // write to the client, a websocket's too (the relay takes the guard
         // over), waits at most the send timeout for the client.
-        let stream = WriteTimeout::new(
-            ClientStream::new(stream, permit),
-            settings.client_send_timeout,
-            peer,
-        );
-        let connection = http
-            .serve_connection(TokioIo::new(stream), service.clone())
-            .with_upgrades();
+        let send_timeout = settings.client_send_timeout;
         let drain = drain.clone();
+        let service = service.clone();
+        let Some(tls) = tls.clone() else {
+            let stream = WriteTimeout::new(ClientStream::new(stream, permit), send_timeout, peer);
+            connections.spawn(drive(&http, stream, service, drain, peer));
+            continue;
+        };
+        let http = http.clone();
         connections.spawn(async move {
-            tokio::pin!(connection);
-            let ended = tokio::select! {
-                ended = connection.as_mut() => ended,
-                _ = drain.cancelled() => {
-                    // Finish the request in flight, then close.
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
+            let handshake = tokio::select! {
+                handshake = tls.accept(stream, |tcp| ClientStream::new(tcp, permit)) => handshake,
+                _ = drain.cancelled() => return,
             };
-            match ended {
-                // The guard logged it already.
-                Err(e) if is_send_timeout(&e) => {}
-                Err(e) => debug!(%peer, error = %e, "connection ended with an error"),
-                Ok(()) => {}
+            match handshake {
+                Ok(stream) => {
+                    let stream = WriteTimeout::new(stream, send_timeout, peer);
+                    drive(&http, stream, service, drain, peer).await;
+                }
+                Err(e) => debug!(%peer, error = %e, "TLS handshake failed"),
             }
         });
     }
@@ -368,6 +431,40 @@ pub async fn serve(
         _ = connections.wait() => info!("drained"),
         _ = tokio::time::sleep(settings.shutdown_grace) => {
             warn!(grace_ms = settings.shutdown_grace.as_millis() as u64, "drain timed out");
+        }
+    }
+}
+
+/// Serves one client connection over `stream` until it ends, or, once
+/// `drain` is cancelled, until the request in flight is answered.
+fn drive<S>(
+    http: &http1::Builder,
+    stream: S,
+    service: Dispatch,
+    drain: CancellationToken,
+    peer: std::net::SocketAddr,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = http
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    async move {
+        tokio::pin!(connection);
+        let ended = tokio::select! {
+            ended = connection.as_mut() => ended,
+            _ = drain.cancelled() => {
+                // Finish the request in flight, then close.
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        };
+        match ended {
+            // The guard logged it already.
+            Err(e) if is_send_timeout(&e) => {}
+            Err(e) => debug!(%peer, error = %e, "connection ended with an error"),
+            Ok(()) => {}
         }
     }
 }

@@ -2,7 +2,13 @@
 // JavaScript, no build step. Every URL is relative, so the page works at `/`,
 // at `/dashd/` and behind a reverse proxy that mounts it under a prefix.
 
-const API = new URL("../api/", document.baseURI);
+// The page is served at the root (`/`, or the URL prefix's `/ray/`) and at
+// `dashd/` under it; the API is beside the root. (`../api/` from the root
+// works at `/` only, where `..` stops.)
+const API = new URL(
+  new URL(".", document.baseURI).pathname.endsWith("/dashd/") ? "../api/" : "api/",
+  document.baseURI,
+);
 const POLL_MS = 1000;          // overview refresh: a change shows within 2 s
 const FILES_POLL_MS = 5000;    // log file list refresh
 const INITIAL_LINES = 2000;    // lines loaded when a file is opened

@@ -167,6 +167,8 @@ pub struct DashdBuilder {
     binary: Option<PathBuf>,
     default_config: bool,
     nofile: Option<(u64, u64)>,
+    ca: Option<String>,
+    prefix: String,
 }
 
 /// Starts describing a ray-dashd fixture.
@@ -223,6 +225,21 @@ impl DashdBuilder {
     /// `sh -c 'ulimit …; exec ray-dashd …'`: the pid is ray-dashd's).
     pub fn nofile(mut self, soft: u64, hard: u64) -> Self {
         self.nofile = Some((soft, hard));
+        self
+    }
+
+    /// Talks HTTPS to it, trusting the CA certificate `ca_pem` (the
+    /// certificate and key are passed as the test chooses: flags,
+    /// variables or `[server]` settings).
+    pub fn https(mut self, ca_pem: &str) -> Self {
+        self.ca = Some(ca_pem.to_owned());
+        self
+    }
+
+    /// Addresses it under `prefix` ([`Dashd::url`] and the waits that use
+    /// it; the setting is passed as the test chooses).
+    pub fn prefixed(mut self, prefix: &str) -> Self {
+        self.prefix = prefix.to_owned();
         self
     }
 
@@ -343,6 +360,8 @@ impl DashdBuilder {
             resume_stderr: Some(resume_tx),
             tmp,
             token,
+            ca: self.ca,
+            prefix: self.prefix,
         }
     }
 }
@@ -369,25 +388,32 @@ pub struct Dashd {
     /// `RAY_AUTH_TOKEN` of its environment: in token mode the host's API
     /// asks for it.
     token: Option<String>,
+    /// The CA its certificate chains to, when it serves HTTPS.
+    ca: Option<String>,
+    /// Its `server.url_prefix`, which [`Dashd::url`] puts before paths.
+    prefix: String,
 }
 
 impl Dashd {
-    /// A client for this host: it presents the host's token, if any.
+    /// A client for this host: it presents the host's token, if any, and
+    /// trusts the CA of its certificate, when it serves HTTPS.
     pub fn client(&self) -> reqwest::Client {
-        let Some(token) = &self.token else {
-            return client();
-        };
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(
-            reqwest::header::AUTHORIZATION,
-            format!("Bearer {token}").parse().expect("header value"),
-        );
-        reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .default_headers(headers)
-            .build()
-            .expect("reqwest client")
+            .no_proxy();
+        if let Some(token) = &self.token {
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {token}").parse().expect("header value"),
+            );
+            builder = builder.default_headers(headers);
+        }
+        if let Some(ca) = &self.ca {
+            let ca = reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA PEM");
+            builder = builder.add_root_certificate(ca);
+        }
+        builder.build().expect("reqwest client")
     }
 
     /// The address it listens on.
@@ -395,14 +421,15 @@ impl Dashd {
         self.addr
     }
 
-    /// `http://<addr><path>`.
+    /// `http://<addr><prefix><path>` (`https` when it serves HTTPS).
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}{}{}", self.addr, self.prefix, path)
     }
 
-    /// `ws://<addr><path>`.
+    /// `ws://<addr><prefix><path>`.
     pub fn ws_url(&self, path: &str) -> String {
-        format!("ws://{}{}", self.addr, path)
+        format!("ws://{}{}{}", self.addr, self.prefix, path)
     }
 
     /// The config file it was started with (a reload reads it again).

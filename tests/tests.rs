@@ -32,4 +32,6 @@ mod reload;
 mod shutdown;
 mod sockets;
 mod supervisor;
+mod tls;
 mod ui;
+mod url_prefix;

@@ -93,6 +93,9 @@ fn server(config: &Config) -> RawServer {
         cgroups: Some(s.cgroups),
         log_rotation_max_bytes: Some(s.log_rotation.max_bytes),
         log_rotation_backup_count: Some(s.log_rotation.backup_count),
+        tls_cert: s.tls.as_ref().map(|tls| tls.cert.clone()),
+        tls_key: s.tls.as_ref().map(|tls| tls.key.clone()),
+        url_prefix: Some(s.url_prefix.clone()),
     }
 }
 

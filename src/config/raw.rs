@@ -90,6 +90,12 @@ pub(super) struct RawServer {
     pub(super) log_rotation_max_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) log_rotation_backup_count: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) tls_cert: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) tls_key: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) url_prefix: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize)]
@@ -192,6 +198,9 @@ impl RawServer {
             log_rotation_backup_count: over
                 .log_rotation_backup_count
                 .or(self.log_rotation_backup_count),
+            tls_cert: over.tls_cert.clone().or(self.tls_cert),
+            tls_key: over.tls_key.clone().or(self.tls_key),
+            url_prefix: over.url_prefix.clone().or(self.url_prefix),
         }
     }
 }

@@ -749,3 +749,55 @@ fn bad_allowed_entries_are_config_errors_naming_file_and_field() {
     assert_eq!(config.server.allowed_origins, ["https://a.example"]);
     assert!(config.server.allowed_hosts.is_empty());
 }
+
+/// The dashboard port's TLS needs both files, from any of the file, the
+/// variables and the flags; one alone names the other's field.
+#[test]
+fn tls_needs_both_the_certificate_and_the_key() {
+    let both = "[server]\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n";
+    let tls = load(both).expect("valid").server.tls.expect("tls on");
+    assert_eq!(tls.cert, PathBuf::from("/c.pem"));
+    assert_eq!(tls.key, PathBuf::from("/k.pem"));
+    let flags = Config::from_toml(
+        "t.toml",
+        both,
+        &cli(&["--tls-cert", "/flag.pem", "--tls-key", "/flag.key"]),
+    )
+    .expect("valid");
+    assert_eq!(
+        flags.server.tls.expect("tls on").cert,
+        PathBuf::from("/flag.pem")
+    );
+    assert!(load("").expect("valid").server.tls.is_none());
+    let msg = load("[server]\ntls_cert = \"/c.pem\"\n")
+        .expect_err("no key")
+        .to_string();
+    assert!(
+        msg.starts_with("config test.toml: server.tls_key: must be set with server.tls_cert"),
+        "{msg}"
+    );
+    let msg = load("[server]\ntls_key = \"/k.pem\"\n")
+        .expect_err("no cert")
+        .to_string();
+    assert!(
+        msg.starts_with("config test.toml: server.tls_cert: must be set with server.tls_key"),
+        "{msg}"
+    );
+}
+
+/// Clean absolute paths are taken as the URL prefix, and the empty one
+/// means `/`; anything else names `server.url_prefix`.
+#[test]
+fn url_prefix_is_a_clean_absolute_path() {
+    for good in ["", "/ray", "/a.b/c-d_e~f/9"] {
+        let text = format!("[server]\nurl_prefix = {good:?}\n");
+        assert_eq!(load(&text).expect(good).server.url_prefix, good);
+    }
+    let msg = load("[server]\nurl_prefix = \"/ray/\"\n")
+        .expect_err("trailing slash")
+        .to_string();
+    assert_eq!(
+        msg,
+        "config test.toml: server.url_prefix: \"/ray/\" must not end with '/' (leave it unset to serve at /)"
+    );
+}

@@ -12,7 +12,7 @@ use super::hosts::{allowed_host, allowed_origin};
 use super::raw::{RawConfig, RawModule, RawSupervision};
 use super::ray::{PythonSource, RayPython, RaySettings, DEFAULT_CLIENT_PORT, GCS_GONE_AFTER};
 use super::{
-    Config, ModuleSpec, Rotation, ServerSettings, Supervision, DEFAULT_BACKUP_COUNT,
+    Config, ModuleSpec, Rotation, ServerSettings, Supervision, TlsFiles, DEFAULT_BACKUP_COUNT,
     DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_MAX_BYTES, MIN_HEADER_BYTES,
 };
 use crate::cli::Cli;
@@ -101,6 +101,15 @@ impl Validator<'_> {
                     .or(s.log_rotation_backup_count)
                     .unwrap_or(DEFAULT_BACKUP_COUNT),
             },
+            tls: self.tls(
+                cli.tls_cert.clone().or(s.tls_cert),
+                cli.tls_key.clone().or(s.tls_key),
+            )?,
+            url_prefix: {
+                let prefix = cli.url_prefix.clone().or(s.url_prefix).unwrap_or_default();
+                check_url_prefix(&prefix).map_err(|p| self.invalid("server.url_prefix", p))?;
+                prefix
+            },
         };
 
         Ok(Config {
@@ -134,6 +143,35 @@ impl Validator<'_> {
                 launch: raw.ray.launch.unwrap_or_default(),
             },
         })
+    }
+
+    /// The dashboard port's TLS files: both named, or neither.
+    fn tls(
+        &self,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+    ) -> Result<Option<TlsFiles>, ConfigError> {
+        let named = |field: &str, path: Option<PathBuf>| match path {
+            Some(path) if path.as_os_str().is_empty() => {
+                Err(self.invalid(field, "must name a PEM file"))
+            }
+            path => Ok(path),
+        };
+        match (
+            named("server.tls_cert", cert)?,
+            named("server.tls_key", key)?,
+        ) {
+            (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key })),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(self.invalid(
+                "server.tls_key",
+                "must be set with server.tls_cert (--tls-key, RAY_DASHD_TLS_KEY): HTTPS needs both the certificate and its key",
+            )),
+            (None, Some(_)) => Err(self.invalid(
+                "server.tls_cert",
+                "must be set with server.tls_key (--tls-cert, RAY_DASHD_TLS_CERT): HTTPS needs both the certificate and its key",
+            )),
+        }
     }
 
     /// The Python for Ray's modules when one is named: `--ray-python` (or
@@ -538,6 +576,40 @@ pub(super) fn overlap_probe(pattern: &str, host: &str) -> String {
         }
     }
     probe.join("/")
+}
+
+/// Checks `server.url_prefix`: empty, or `/` then segments of unreserved
+/// characters (RFC 3986 §2.3), none empty, `.` or `..`, and no trailing
+/// `/`, so that it means one path however a client or proxy normalizes it.
+pub(super) fn check_url_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.is_empty() {
+        return Ok(());
+    }
+    let Some(rest) = prefix.strip_prefix('/') else {
+        return Err(format!("{prefix:?} must start with '/'"));
+    };
+    if rest.is_empty() || rest.ends_with('/') {
+        return Err(format!(
+            "{prefix:?} must not end with '/' (leave it unset to serve at /)"
+        ));
+    }
+    for segment in rest.split('/') {
+        if segment.is_empty() {
+            return Err(format!("{prefix:?} must not contain '//'"));
+        }
+        if segment == "." || segment == ".." {
+            return Err(format!("{prefix:?} must not have '.' or '..' segments"));
+        }
+        if let Some(c) = segment
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~')))
+        {
+            return Err(format!(
+                "{prefix:?}: {c:?} is not allowed; only letters, digits, '-', '.', '_', '~' and '/' are"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks an aiohttp-style path pattern: absolute, `{name}` segments only.

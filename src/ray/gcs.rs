@@ -474,6 +474,21 @@ pub fn advertised_address(bound: SocketAddr, gcs_address: &str) -> String {
     }
 }
 
+/// What the GCS keys hold for a dashboard bound to `bound` and served
+/// under `url_prefix`: its [`advertised_address`] and the prefix, bare
+/// (Ray's tools take that for `http://`) or, when it serves `https`, with
+/// the scheme (which they all keep).
+pub fn advertised_url(
+    bound: SocketAddr,
+    gcs_address: &str,
+    https: bool,
+    url_prefix: &str,
+) -> String {
+    let address = advertised_address(bound, gcs_address);
+    let scheme = if https { "https://" } else { "" };
+    format!("{scheme}{address}{url_prefix}")
+}
+
 fn loopback(family: IpAddr) -> IpAddr {
     match family {
         IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),

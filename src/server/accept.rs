@@ -196,7 +196,7 @@ impl hyper::service::Service<Request<Incoming>> for Overflow {
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        if request.uri().path() == HEALTH_PATH {
+        if self.dispatch.route_path(request.uri().path()) == Some(HEALTH_PATH) {
             return self.dispatch.call(request);
         }
         let body = serde_json::json!({

@@ -5,7 +5,9 @@
 //
 // Needs: RAY_DASHD_BIN_DIR (the built ray-dashd, ray-dashd-logs and
 // ray-dashd-test-module; default target/debug) and Chromium at
-// RAY_DASHD_CHROMIUM (default /usr/bin/chromium). scripts/test sets both up.
+// RAY_DASHD_CHROMIUM (default /usr/bin/chromium). scripts/test sets both up,
+// and runs the walk a second time with RAY_DASHD_UI_PREFIX (ray-dashd's
+// --url-prefix, the page opened under it).
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -18,10 +20,11 @@ import readline from "node:readline";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
 
+const urlPrefix = process.env.RAY_DASHD_UI_PREFIX ?? "";
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const binDir = path.resolve(root, process.env.RAY_DASHD_BIN_DIR ?? "target/debug");
 const chromiumPath = process.env.RAY_DASHD_CHROMIUM ?? "/usr/bin/chromium";
-const shots = path.join(root, "target", "ui-screenshots");
+const shots = path.join(root, "target", urlPrefix ? "ui-screenshots-prefix" : "ui-screenshots");
 const WAIT_MS = 15000;
 // Ports for the client proxy's (fake) Ray client servers.
 // Above the kernel's ephemeral range (32768–60999).
@@ -73,7 +76,8 @@ async function startDashd(takenPort) {
   const file = path.join(tmp, "dashd.toml");
   fs.writeFileSync(file, config(takenPort));
   const child = spawn(path.join(binDir, "ray-dashd"),
-    ["--session-dir", session, "--port", "0", "--config", file],
+    ["--session-dir", session, "--port", "0", "--config", file,
+      ...(urlPrefix ? ["--url-prefix", urlPrefix] : [])],
     { stdio: ["ignore", "ignore", "pipe"] });
   const lines = readline.createInterface({ input: child.stderr });
   const addr = await new Promise((resolve, reject) => {
@@ -100,7 +104,7 @@ before(async () => {
   await new Promise((resolve) => holder.listen(0, "127.0.0.1", resolve));
   const started = await startDashd(holder.address().port);
   dashd = started.child;
-  base = `http://${started.addr}`;
+  base = `http://${started.addr}${urlPrefix}`;
   browser = await chromium.launch({
     executablePath: chromiumPath,
     args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -15,7 +15,8 @@
 //! binaries that must agree on the variables, the file formats and what is
 //! verified. [`RayTls`] holds the rustls configs; [`Connector`] and
 //! [`connect`] dial with them (or in the clear when TLS is off), and
-//! [`RayTls::accept`] serves with them.
+//! [`RayTls::accept`] serves with them. The PEM loading is shared with the
+//! dashboard port's own certificate ([`load_certified_key`]).
 
 mod stream;
 
@@ -23,7 +24,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -82,10 +82,14 @@ pub enum TlsError {
         problem: String,
     },
     /// The key is not the certificate's.
-    #[error("{SERVER_KEY} ({}) is not the private key of the certificate in {SERVER_CERT} ({})", key.display(), cert.display())]
+    #[error("{key_var} ({}) is not the private key of the certificate in {cert_var} ({})", key.display(), cert.display())]
     KeyMismatch {
+        /// The setting naming the key file.
+        key_var: &'static str,
         /// The key file.
         key: PathBuf,
+        /// The setting naming the certificate file.
+        cert_var: &'static str,
         /// The certificate file.
         cert: PathBuf,
     },
@@ -140,7 +144,7 @@ impl RayTls {
     /// Ray's TLS from the certificate chain, its key and the CA, all PEM.
     pub fn from_files(cert: &Path, key: &Path, ca: &Path) -> Result<RayTls, TlsError> {
         let chain = certificates(SERVER_CERT, cert)?;
-        let private_key = private_key(key)?;
+        let private_key = private_key(SERVER_KEY, key)?;
         let roots = roots(ca)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config_error = |source| TlsError::Config {
@@ -148,19 +152,8 @@ impl RayTls {
             ca: ca.to_owned(),
             source,
         };
-        // Checked once here, for an error that names both files; rustls
-        // would otherwise only say that "keys may not be consistent".
-        check_key(&chain, &private_key, &provider).map_err(|e| match e {
-            rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
-                key: key.to_owned(),
-                cert: cert.to_owned(),
-            },
-            other => TlsError::Content {
-                var: SERVER_KEY,
-                path: key.to_owned(),
-                problem: format!("not a private key rustls can use: {other}"),
-            },
-        })?;
+        // Checked once here, for an error that names both files.
+        certified_key((SERVER_CERT, cert), (SERVER_KEY, key), &chain, &private_key)?;
 
         let mut client = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -234,6 +227,45 @@ impl RayTls {
             .accept(tcp)
             .await
     }
+}
+
+/// A certificate chain and its private key, both PEM (the key PKCS#8,
+/// PKCS#1 or SEC1), loaded and checked to belong together: what a server
+/// presents. Each of `cert` and `key` is the setting that names the file
+/// (for errors) and the file.
+pub fn load_certified_key(
+    cert: (&'static str, &Path),
+    key: (&'static str, &Path),
+) -> Result<CertifiedKey, TlsError> {
+    let chain = certificates(cert.0, cert.1)?;
+    let private_key = private_key(key.0, key.1)?;
+    certified_key(cert, key, &chain, &private_key)
+}
+
+/// `chain` with `private_key`, checked to be its key: rustls would
+/// otherwise only say that "keys may not be consistent", naming no file.
+fn certified_key(
+    (cert_var, cert): (&'static str, &Path),
+    (key_var, key): (&'static str, &Path),
+    chain: &[CertificateDer<'static>],
+    private_key: &PrivateKeyDer<'static>,
+) -> Result<CertifiedKey, TlsError> {
+    let provider = rustls::crypto::ring::default_provider();
+    CertifiedKey::from_der(chain.to_vec(), private_key.clone_key(), &provider).map_err(
+        |e| match e {
+            rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
+                key_var,
+                key: key.to_owned(),
+                cert_var,
+                cert: cert.to_owned(),
+            },
+            other => TlsError::Content {
+                var: key_var,
+                path: key.to_owned(),
+                problem: format!("not a private key rustls can use: {other}"),
+            },
+        },
+    )
 }
 
 /// The URI scheme of a gRPC origin dialled with `tls`: `https` with TLS
@@ -311,17 +343,17 @@ fn certificates(var: &'static str, path: &Path) -> Result<Vec<CertificateDer<'st
     Ok(certs)
 }
 
-/// The first private key in the key file.
-fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let bytes = read(SERVER_KEY, path)?;
+/// The first private key in the key file `var` names.
+fn private_key(var: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let bytes = read(var, path)?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
         rustls_pki_types::pem::Error::NoItemsFound => content(
-            SERVER_KEY,
+            var,
             path,
             "no PEM private key (PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY block) in the file"
                 .to_owned(),
         ),
-        other => content(SERVER_KEY, path, pem_problem(&other)),
+        other => content(var, path, pem_problem(&other)),
     })
 }
 
@@ -338,15 +370,6 @@ fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
         })?;
     }
     Ok(store)
-}
-
-/// Whether `key` loads and is the key of the chain's first certificate.
-fn check_key(
-    chain: &[CertificateDer<'static>],
-    key: &PrivateKeyDer<'static>,
-    provider: &CryptoProvider,
-) -> Result<(), rustls::Error> {
-    CertifiedKey::from_der(chain.to_vec(), key.clone_key(), provider).map(|_| ())
 }
 
 #[cfg(test)]

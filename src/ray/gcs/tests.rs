@@ -277,6 +277,27 @@ fn advertised_address_is_the_bound_one_or_the_heads_node_ip() {
     }
 }
 
+/// Ray's tools take a bare `host:port` for plain HTTP: the scheme is
+/// written only for HTTPS; the URL prefix follows the port.
+#[test]
+fn advertised_url_names_https_only_when_served() {
+    let bound: SocketAddr = "127.0.0.1:8265".parse().expect("addr");
+    let gcs = "10.1.2.3:6379";
+    assert_eq!(advertised_url(bound, gcs, false, ""), "127.0.0.1:8265");
+    assert_eq!(
+        advertised_url(bound, gcs, true, ""),
+        "https://127.0.0.1:8265"
+    );
+    assert_eq!(
+        advertised_url(bound, gcs, false, "/ray"),
+        "127.0.0.1:8265/ray"
+    );
+    assert_eq!(
+        advertised_url(bound, gcs, true, "/a/b"),
+        "https://127.0.0.1:8265/a/b"
+    );
+}
+
 #[tokio::test]
 async fn real_client_reports_an_unreachable_gcs_with_its_cause() {
     // A port nothing listens on: bind, note the port, close.

@@ -14,6 +14,8 @@
 //!    `session` names `error` and `logging` names `session`).
 //! 2. [`routes`]: what a module route is and the table that finds it, and
 //!    the host's own routes, declared once ([`routes::host`]).
+//!    [`metrics`]: the host's series and their text format (the proxy
+//!    and the supervisor record into it).
 //! 3. [`config`]: the command line and the TOML config (Ray's settings
 //!    included), validated into typed values before anything binds or
 //!    spawns.
@@ -34,6 +36,7 @@ pub mod connection;
 pub mod descriptors;
 pub mod error;
 pub mod logging;
+pub mod metrics;
 pub mod proxy;
 pub mod ray;
 pub mod reload;
@@ -272,7 +275,8 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
     let local = listener
         .local_addr()
         .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
-    let supervisor = Arc::new(Supervisor::start(&config.modules, &session, early));
+    let metrics = Arc::new(metrics::Metrics::new());
+    let supervisor = Arc::new(Supervisor::start(&config.modules, &session, early, metrics));
     let proxy = Arc::new(Proxy::new(supervisor.modules(), config.server.clone()));
     let reloader = reload.map(|source| {
         Arc::new(Reloader::new(

@@ -33,6 +33,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
+use crate::metrics::Metrics;
 use crate::proxy::{is_send_timeout, Proxy, Routed, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
 use crate::reload::Reloader;
@@ -136,6 +137,8 @@ pub struct Dispatch {
     /// Ray's modules are hosted): every request but the public ones must
     /// bear it.
     token: Option<auth::Token>,
+    /// Where the accept loop says how many clients it serves.
+    metrics: Arc<Metrics>,
 }
 
 impl Dispatch {
@@ -147,6 +150,7 @@ impl Dispatch {
             proxy: Arc::clone(&state.proxy),
             guard: Arc::new(guard),
             token,
+            metrics: Arc::clone(state.supervisor.metrics()),
             router: router(state),
         }
     }
@@ -275,6 +279,9 @@ pub async fn serve(
         max: max_connections,
     };
     let mut admission = accept::Admission::new(max_connections);
+    service
+        .metrics
+        .set_clients(max_connections, admission.clients_served());
     let mut backoff = accept::AcceptBackoff::default();
     let connections = TaskTracker::new();
     let drain = CancellationToken::new();

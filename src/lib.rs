@@ -190,12 +190,28 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
             .map_err(|source| StartupError::Bind { addr, source })?;
         let signal = shutdown::signal().map_err(StartupError::Runtime)?;
         let (gone_tx, gone_rx) = tokio::sync::oneshot::channel();
+        let mut ray_metrics = None;
         let parent = match &ray_head {
             Some(head) => {
                 let bound = listener
                     .local_addr()
                     .map_err(|source| StartupError::Bind { addr, source })?;
-                let watcher = ray::watcher(head, bound)?;
+                // Ray's dashboard metrics, on Ray's port, found as Ray's are.
+                let head_ip = ray::gcs::head_ip(&head.gcs_address);
+                let port = ray::metrics::port(|name| std::env::var(name).ok());
+                let metrics_address = match ray::metrics::bind(head_ip, port).await {
+                    Some(metrics_listener) => {
+                        let labels = metrics::ray::RayLabels {
+                            version: head.parent.ray_version.clone(),
+                            session_name: session_name(&session),
+                        };
+                        let series = metrics::ray::RayMetrics::new(labels, head_ip.to_string());
+                        ray_metrics = Some((metrics_listener, Arc::new(series)));
+                        Some(SocketAddr::new(head_ip, port).to_string())
+                    }
+                    None => None,
+                };
+                let watcher = ray::watcher(head, bound)?.with_metrics_address(metrics_address);
                 tokio::spawn(async move {
                     let _ = gone_tx.send(watcher.run().await);
                 });
@@ -222,6 +238,7 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
             early: early.into_iter().collect(),
             nofile,
             reload: Some(reload),
+            ray_metrics,
         };
         run(prepared, listener, shutdown).await;
         Ok(stopped)
@@ -255,6 +272,17 @@ pub struct Prepared {
     /// Where a reload (SIGHUP, `POST /api/reload`) reads the config again;
     /// `None`: no reload.
     pub reload: Option<ReloadSource>,
+    /// When Ray's modules are hosted and Ray's metrics port could be
+    /// bound: that port, and Ray's dashboard series to serve there.
+    pub ray_metrics: Option<(TcpListener, Arc<metrics::ray::RayMetrics>)>,
+}
+
+/// The Ray session's name: its folder's (`session_<date>_<pid>`), through
+/// the `session_latest` link.
+fn session_name(session: &Session) -> String {
+    let dir = std::fs::canonicalize(&session.dir).unwrap_or_else(|_| session.dir.clone());
+    dir.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
 }
 
 /// Starts the modules (taking over those `prepared` has started) and
@@ -271,13 +299,29 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
         early,
         nofile,
         reload,
+        ray_metrics,
     } = prepared;
     let local = listener
         .local_addr()
         .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
-    let metrics = Arc::new(metrics::Metrics::new());
+    let metrics = match &ray_metrics {
+        Some((_, ray)) => metrics::Metrics::new().with_ray(Arc::clone(ray)),
+        None => metrics::Metrics::new(),
+    };
+    let metrics = Arc::new(metrics);
     let supervisor = Arc::new(Supervisor::start(&config.modules, &session, early, metrics));
     let proxy = Arc::new(Proxy::new(supervisor.modules(), config.server.clone()));
+    let metrics_stop = tokio_util::sync::CancellationToken::new();
+    if let Some((listener, ray)) = ray_metrics {
+        let interval = ray::metrics::record_interval(|name| std::env::var(name).ok());
+        ray::metrics::serve(
+            listener,
+            ray,
+            Arc::clone(&supervisor),
+            interval,
+            metrics_stop.clone(),
+        );
+    }
     let reloader = reload.map(|source| {
         Arc::new(Reloader::new(
             source,
@@ -312,6 +356,7 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
     );
     let max_connections = max_connections(&config, nofile);
     server::serve(listener, service, &config.server, max_connections, shutdown).await;
+    metrics_stop.cancel();
 
     let stop_budget = config
         .modules

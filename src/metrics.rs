@@ -16,7 +16,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::routes::RouteKind;
+use crate::routes::{RouteKind, RouteSpec};
+use ray::{RayMetrics, RouteSeries};
+
+pub mod ray;
 
 /// What every series' name starts with.
 const PREFIX: &str = "ray_dashd";
@@ -90,6 +93,8 @@ pub struct Metrics {
     /// The client connections served now, and the cap, once the server
     /// accepts.
     clients: OnceLock<ClientCount>,
+    /// Ray's dashboard series, when Ray's modules are hosted.
+    ray: Option<Arc<RayMetrics>>,
 }
 
 /// The cap on client connections, and what reads how many are served now.
@@ -154,13 +159,25 @@ impl Metrics {
             bytes_out,
             live: Mutex::new(HashMap::new()),
             clients: OnceLock::new(),
+            ray: None,
         }
     }
 
-    /// The series of module `name`, made now so that the request path
-    /// finds them without a lookup; its series stay until the last
-    /// [`ModuleMetrics`] of that name is dropped.
-    pub fn module(self: &Arc<Metrics>, name: &str) -> ModuleMetrics {
+    /// Records Ray's dashboard series into `ray` too.
+    pub fn with_ray(mut self, ray: Arc<RayMetrics>) -> Metrics {
+        self.ray = Some(ray);
+        self
+    }
+
+    /// Ray's dashboard series, when Ray's modules are hosted.
+    pub fn ray(&self) -> Option<&Arc<RayMetrics>> {
+        self.ray.as_ref()
+    }
+
+    /// The series of module `name` and its `routes`, made now so that the
+    /// request path finds them without a lookup; its series stay until the
+    /// last [`ModuleMetrics`] of that name is dropped.
+    pub fn module(self: &Arc<Metrics>, name: &str, routes: &[RouteSpec]) -> ModuleMetrics {
         *self
             .live
             .lock()
@@ -194,6 +211,9 @@ impl Metrics {
             streams: self.open.get_or_create_owned(&open("stream")),
             bytes_in: self.bytes_in.get_or_create_owned(&module),
             bytes_out: self.bytes_out.get_or_create_owned(&module),
+            ray_routes: self.ray.as_ref().map_or_else(Box::default, |ray| {
+                routes.iter().map(|route| ray.route(route)).collect()
+            }),
         }
     }
 
@@ -281,15 +301,22 @@ pub struct ModuleMetrics {
     streams: Gauge,
     bytes_in: Counter,
     bytes_out: Counter,
+    /// Ray's series of each of the module's routes, in their order; empty
+    /// unless Ray's modules are hosted.
+    ray_routes: Box<[RouteSeries]>,
 }
 
 impl ModuleMetrics {
-    /// Counts a request for a route of `kind`, answered with `status`
-    /// after `elapsed`.
-    pub fn record(&self, kind: RouteKind, status: StatusCode, elapsed: Duration) {
+    /// Counts a request for the module's route number `route`, of `kind`,
+    /// answered with `status` after `elapsed`.
+    pub fn record(&self, kind: RouteKind, route: usize, status: StatusCode, elapsed: Duration) {
         let (k, c) = (kind_index(kind), class_index(status));
+        let seconds = elapsed.as_secs_f64();
         self.requests[k][c].inc();
-        self.latency[k][c].observe(elapsed.as_secs_f64());
+        self.latency[k][c].observe(seconds);
+        if let (Some(series), Some(ray)) = (self.ray_routes.get(route), &self.metrics.ray) {
+            series.record(ray, status, seconds);
+        }
     }
 
     /// Counts a websocket open until the guard is dropped.
@@ -501,11 +528,12 @@ mod tests {
     #[test]
     fn records_requests_by_module_kind_and_class() {
         let metrics = Arc::new(Metrics::new());
-        let echo = metrics.module("echo");
-        echo.record(RouteKind::Http, StatusCode::OK, Duration::from_millis(3));
-        echo.record(RouteKind::Http, StatusCode::OK, Duration::from_millis(3));
+        let echo = metrics.module("echo", &[]);
+        echo.record(RouteKind::Http, 0, StatusCode::OK, Duration::from_millis(3));
+        echo.record(RouteKind::Http, 0, StatusCode::OK, Duration::from_millis(3));
         echo.record(
             RouteKind::Stream,
+            0,
             StatusCode::BAD_GATEWAY,
             Duration::from_millis(3),
         );
@@ -537,7 +565,7 @@ mod tests {
             "{text}"
         );
         // A changed module: two live at once; the series stay with the new.
-        let again = metrics.module("echo");
+        let again = metrics.module("echo", &[]);
         drop(echo);
         let text = metrics.encode(&Scrape::default());
         assert!(text.contains(&format!("{ok} 2\n")), "{text}");

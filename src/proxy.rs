@@ -147,7 +147,7 @@ impl Proxy {
         };
         module
             .metrics()
-            .record(target.kind, status, started.elapsed());
+            .record(target.kind, target.route, status, started.elapsed());
         result
     }
 

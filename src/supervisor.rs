@@ -422,7 +422,7 @@ impl Supervisor {
             controls: controls_tx,
             shutdown: shutdown.clone(),
             stopped: stopped.clone(),
-            metrics: self.metrics.module(&spec.name),
+            metrics: self.metrics.module(&spec.name, &spec.routes),
         });
         let task = ModuleTask {
             shared: Arc::clone(&shared),

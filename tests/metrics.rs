@@ -130,3 +130,98 @@ async fn token_mode_asks_for_the_token() {
     let (status, text) = scrape(&d, None).await;
     assert_eq!(status, 401, "{text}");
 }
+
+/// With Ray's modules hosted, Ray's dashboard metrics are served on
+/// `DASHBOARD_METRIC_PORT` under Ray's names: after `ray job submit`
+/// through ray-dashd, the API request counter has the jobs route's pattern
+/// as its endpoint, the components' memory has the host's and Ray's
+/// modules' `Component`s, and the GCS key `DashboardMetricsAddress` names
+/// the port, as Ray's dashboard head writes it.
+#[tokio::test]
+async fn serves_rays_dashboard_metrics_where_ray_finds_them() {
+    use crate::ray_head::{
+        all_ray_modules_healthy, free_port, hosting, ray_python, run_bounded, text, RayHead,
+    };
+    let python = ray_python();
+    let head = RayHead::start(&python);
+    let port = free_port();
+    let d = hosting(&head, &python, free_port(), "")
+        .env("DASHBOARD_METRIC_PORT", &port.to_string())
+        .env("METRICS_RECORD_INTERVAL_S", "1")
+        .start();
+    all_ray_modules_healthy(&d).await;
+    let submitted = head.cli(&[
+        "job",
+        "submit",
+        "--address",
+        &d.url(""),
+        "--",
+        "python",
+        "-c",
+        "print(6 * 7)",
+    ]);
+    assert!(
+        submitted.status.success(),
+        "{}\nlog:\n{}",
+        text(&submitted),
+        d.log()
+    );
+
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let wanted = [
+        r#"ray_dashboard_api_requests_count_requests_total{method="POST",endpoint="/api/jobs/",http_status="2xx","#,
+        r#"ray_dashboard_api_requests_duration_seconds_count{endpoint="/api/jobs/",http_status="2xx","#,
+        r#"Component="dashboard_JobHead""#,
+        "ray_component_rss_mb{",
+        "ray_component_rss_bytes{",
+        "ray_component_uss_mb{",
+        "ray_component_cpu_percentage{",
+        "ray_dashboard_event_loop_tasks{",
+        "ray_dashboard_event_loop_lag_seconds{",
+    ];
+    let deadline = std::time::Instant::now() + RAY_SCRAPE_WAIT;
+    let scraped = loop {
+        let body = match client().get(&url).send().await {
+            Ok(response) => response.text().await.unwrap_or_default(),
+            Err(e) => format!("{e}"),
+        };
+        if wanted.iter().all(|w| body.contains(w)) {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "metrics port lacks a series; last scrape:\n{body}\nlog:\n{}",
+            d.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let version = r#"Version="2.60.0""#;
+    assert!(scraped.contains(version), "{scraped}");
+    assert!(scraped.contains(r#"Component="dashboard""#), "{scraped}");
+    assert!(scraped.contains("SessionName=\"session_"), "{scraped}");
+
+    // The address as Ray's tools read it from the GCS.
+    let mut read = std::process::Command::new(&python);
+    read.args([
+        "-c",
+        "import sys\nfrom ray._raylet import GcsClient\n\
+         c = GcsClient(address=sys.argv[1])\n\
+         v = c.internal_kv_get(b'DashboardMetricsAddress', None)\n\
+         print(v.decode() if v else 'missing')",
+        &head.gcs,
+    ]);
+    head.env(&mut read);
+    let out = run_bounded(read);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("127.0.0.1:{port}"),
+        "{}\nlog:\n{}",
+        text(&out),
+        d.log()
+    );
+}
+
+/// Bound on the wait for the metrics port's series: the modules must have
+/// answered and the sampler have run.
+const RAY_SCRAPE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);

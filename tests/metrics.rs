@@ -225,3 +225,36 @@ async fn serves_rays_dashboard_metrics_where_ray_finds_them() {
 /// Bound on the wait for the metrics port's series: the modules must have
 /// answered and the sampler have run.
 const RAY_SCRAPE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A module a reload adds gets its series, and counts its requests; one a
+/// reload removes has its series removed once it has stopped.
+#[tokio::test]
+async fn a_reload_adds_and_removes_modules_series() {
+    let first = || test_module("a").routes(&[("GET", "/test/echo", "http")]);
+    let second = || test_module("b").routes(&[("GET", "/test/info", "http")]);
+    let d = dashd().module(first()).start();
+    d.healthy("a", 0).await;
+    let config = dashd().module(second()).config_text();
+    std::fs::write(d.config_path(), config).expect("write the config");
+    let reloaded = client()
+        .post(d.url("/api/reload"))
+        .send()
+        .await
+        .expect("POST /api/reload");
+    assert_eq!(reloaded.status(), 200);
+    d.healthy("b", 0).await;
+    let info = client()
+        .get(d.url("/test/info"))
+        .send()
+        .await
+        .expect("info");
+    assert_eq!(info.status(), 200);
+    let text = eventually(WAIT, || async {
+        let (_, text) = scrape(&d, None).await;
+        (!text.contains(r#"module="a""#)).then_some(text)
+    })
+    .await
+    .unwrap_or_else(|| panic!("module a's series stayed; log:\n{}", d.log()));
+    let ok = r#"ray_dashd_requests_total{module="b",kind="http",class="2xx"}"#;
+    assert_eq!(value(&text, ok), Some(1.0), "{text}");
+}

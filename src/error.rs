@@ -189,7 +189,8 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
-    fn status(&self) -> StatusCode {
+    /// The status the client is answered with.
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,

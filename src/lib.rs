@@ -14,6 +14,8 @@
 //!    `session` names `error` and `logging` names `session`).
 //! 2. [`routes`]: what a module route is and the table that finds it, and
 //!    the host's own routes, declared once ([`routes::host`]).
+//!    [`metrics`]: the host's series and their text format (the proxy
+//!    and the supervisor record into it).
 //! 3. [`config`]: the command line and the TOML config (Ray's settings
 //!    included), validated into typed values before anything binds or
 //!    spawns.
@@ -35,6 +37,7 @@ pub mod connection;
 pub mod descriptors;
 pub mod error;
 pub mod logging;
+pub mod metrics;
 pub mod proxy;
 pub mod ray;
 pub mod reload;
@@ -194,12 +197,29 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
             .map_err(|source| StartupError::Bind { addr, source })?;
         let signal = shutdown::signal().map_err(StartupError::Runtime)?;
         let (gone_tx, gone_rx) = tokio::sync::oneshot::channel();
+        let mut ray_metrics = None;
         let parent = match &ray_head {
             Some(head) => {
                 let bound = listener
                     .local_addr()
                     .map_err(|source| StartupError::Bind { addr, source })?;
-                let watcher = ray::watcher(head, bound, tls.is_some(), &config.server.url_prefix)?;
+                // Ray's dashboard metrics, on Ray's port, found as Ray's are.
+                let head_ip = ray::gcs::head_ip(&head.gcs_address);
+                let port = ray::metrics::port(|name| std::env::var(name).ok());
+                let metrics_address = match ray::metrics::bind(head_ip, port).await {
+                    Some(metrics_listener) => {
+                        let labels = metrics::ray::RayLabels {
+                            version: head.parent.ray_version.clone(),
+                            session_name: session_name(&session),
+                        };
+                        let series = metrics::ray::RayMetrics::new(labels, head_ip.to_string());
+                        ray_metrics = Some((metrics_listener, Arc::new(series)));
+                        Some(SocketAddr::new(head_ip, port).to_string())
+                    }
+                    None => None,
+                };
+                let watcher = ray::watcher(head, bound, tls.is_some(), &config.server.url_prefix)?
+                    .with_metrics_address(metrics_address);
                 tokio::spawn(async move {
                     let _ = gone_tx.send(watcher.run().await);
                 });
@@ -227,6 +247,7 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
             nofile,
             reload: Some(reload),
             tls,
+            ray_metrics,
         };
         run(prepared, listener, shutdown).await;
         Ok(stopped)
@@ -263,6 +284,17 @@ pub struct Prepared {
     /// The dashboard port's TLS (`server.tls_cert`), its files read again
     /// on SIGHUP; `None`: plain HTTP.
     pub tls: Option<Arc<server::tls::ServerTls>>,
+    /// When Ray's modules are hosted and Ray's metrics port could be
+    /// bound: that port, and Ray's dashboard series to serve there.
+    pub ray_metrics: Option<(TcpListener, Arc<metrics::ray::RayMetrics>)>,
+}
+
+/// The Ray session's name: its folder's (`session_<date>_<pid>`), through
+/// the `session_latest` link.
+fn session_name(session: &Session) -> String {
+    let dir = std::fs::canonicalize(&session.dir).unwrap_or_else(|_| session.dir.clone());
+    dir.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
 }
 
 /// Starts the modules (taking over those `prepared` has started) and
@@ -280,12 +312,29 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
         nofile,
         reload,
         tls,
+        ray_metrics,
     } = prepared;
     let local = listener
         .local_addr()
         .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
-    let supervisor = Arc::new(Supervisor::start(&config.modules, &session, early));
+    let metrics = match &ray_metrics {
+        Some((_, ray)) => metrics::Metrics::new().with_ray(Arc::clone(ray)),
+        None => metrics::Metrics::new(),
+    };
+    let metrics = Arc::new(metrics);
+    let supervisor = Arc::new(Supervisor::start(&config.modules, &session, early, metrics));
     let proxy = Arc::new(Proxy::new(supervisor.modules(), config.server.clone()));
+    let metrics_stop = tokio_util::sync::CancellationToken::new();
+    if let Some((listener, ray)) = ray_metrics {
+        let interval = ray::metrics::record_interval(|name| std::env::var(name).ok());
+        ray::metrics::serve(
+            listener,
+            ray,
+            Arc::clone(&supervisor),
+            interval,
+            metrics_stop.clone(),
+        );
+    }
     let reloader = reload.map(|source| {
         Arc::new(Reloader::new(
             source,
@@ -327,6 +376,7 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
         shutdown,
     )
     .await;
+    metrics_stop.cancel();
 
     let stop_budget = config
         .modules

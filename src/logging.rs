@@ -7,7 +7,7 @@
 //! again it is told how many it missed (see [`Drops`]).
 
 use std::io;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -100,6 +100,7 @@ pub fn init(session: &Session) -> LogGuard {
         }
         Err(error) => (None, None, Some(error)),
     };
+    let _ = DROP_COUNTERS.set(drops.iter().map(|d| (d.sink, d.counter.clone())).collect());
     let stderr_is_tty = io::IsTerminal::is_terminal(&io::stderr());
     tracing_subscriber::registry()
         .with(
@@ -118,6 +119,21 @@ pub fn init(session: &Session) -> LogGuard {
         _file: file_guard,
         _stderr: stderr_guard,
     }
+}
+
+/// The drop counters of the writers [`init`] started: the subscriber is
+/// the process's, and so are they.
+static DROP_COUNTERS: OnceLock<Vec<(Sink, ErrorCounter)>> = OnceLock::new();
+
+/// The lines each log writer dropped so far, by writer (`stderr`, the log
+/// file's name); empty before [`init`].
+pub fn dropped_lines() -> Vec<(&'static str, u64)> {
+    DROP_COUNTERS.get().map_or_else(Vec::new, |counters| {
+        counters
+            .iter()
+            .map(|(sink, counter)| (sink.name(), counter.dropped_lines() as u64))
+            .collect()
+    })
 }
 
 impl Drop for LogGuard {

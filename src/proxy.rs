@@ -21,6 +21,7 @@ use http_body_util::{LengthLimitError, Limited};
 use crate::config::ServerSettings;
 use crate::connection::{PoolError, PooledBody};
 use crate::error::{error_chain, ProxyError};
+use crate::metrics::OpenGuard;
 use crate::routes::{Lookup, RouteKind, RouteTable};
 use crate::supervisor::{Gate, ModuleHandle, NotReady};
 
@@ -138,6 +139,25 @@ impl Proxy {
             }
         };
         let module = &routing.modules[target.module];
+        let started = std::time::Instant::now();
+        let result = self.forward_to(module, request, target.kind).await;
+        let status = match &result {
+            Ok(response) => response.status(),
+            Err(error) => error.status(),
+        };
+        module
+            .metrics()
+            .record(target.kind, target.route, status, started.elapsed());
+        result
+    }
+
+    /// Forwards `request` for a route of `kind` to `module`, if it is ready.
+    async fn forward_to(
+        &self,
+        module: &ModuleHandle,
+        request: Request<Body>,
+        kind: RouteKind,
+    ) -> Result<Response, ProxyError> {
         let gate =
             module
                 .admit()
@@ -146,7 +166,7 @@ impl Proxy {
                     state: state.as_str(),
                     retry_after,
                 })?;
-        match target.kind {
+        match kind {
             RouteKind::Websocket if websocket::is_upgrade(&request) => {
                 websocket::forward(module, gate, request, &self.settings).await
             }
@@ -176,6 +196,7 @@ impl Proxy {
                 body,
                 self.settings.client_body_timeout,
                 module.shared_name(),
+                module.metrics().bytes_in().clone(),
             ),
             usize::try_from(limit).unwrap_or(usize::MAX),
         ));
@@ -185,7 +206,8 @@ impl Proxy {
             RouteKind::Stream | RouteKind::Websocket => None,
         };
         let response = send(module, &gate, upstream, deadline, &self.settings).await?;
-        Ok(downstream_response(module, &gate, response))
+        let open = (kind == RouteKind::Stream).then(|| module.metrics().stream_open());
+        Ok(downstream_response(module, &gate, response, open))
     }
 }
 
@@ -214,19 +236,20 @@ fn upstream_request(mut parts: http::request::Parts, body: Body) -> Request<Body
 }
 
 /// The module's response for the client: hop-by-hop headers out, the body
-/// cut if the incarnation fails.
+/// cut if the incarnation fails; its bytes counted, and, with `open`, the
+/// stream counted open until the body is done with.
 fn downstream_response(
     module: &ModuleHandle,
     gate: &Gate,
     response: http::Response<PooledBody>,
+    open: Option<OpenGuard>,
 ) -> Response {
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    let body = Body::new(CancelableBody::new(
-        body,
-        &gate.cancel,
-        module.shared_name(),
-    ));
+    let body = Body::new(
+        CancelableBody::new(body, &gate.cancel, module.shared_name())
+            .counted(module.metrics().bytes_out().clone(), open),
+    );
     Response::from_parts(parts, body)
 }
 

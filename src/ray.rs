@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod gcs;
+pub mod metrics;
 pub mod parent;
 pub mod python;
 

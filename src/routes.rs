@@ -66,6 +66,8 @@ pub struct Target {
     pub module: usize,
     /// How it is forwarded.
     pub kind: RouteKind,
+    /// Index of the route among the module's routes.
+    pub route: usize,
 }
 
 /// The outcome of a lookup.
@@ -92,11 +94,12 @@ impl RouteTable {
     pub fn new<'a>(modules: impl IntoIterator<Item = &'a [RouteSpec]>) -> RouteTable {
         let mut grouped: Vec<(String, Vec<(Method, Target)>)> = Vec::new();
         for (index, routes) in modules.into_iter().enumerate() {
-            for route in routes {
+            for (position, route) in routes.iter().enumerate() {
                 let key = normalize_pattern(&route.path);
                 let target = Target {
                     module: index,
                     kind: route.kind,
+                    route: position,
                 };
                 match grouped.iter_mut().find(|(k, _)| *k == key) {
                     Some((_, methods)) => methods.push((route.method.clone(), target)),
@@ -169,21 +172,24 @@ mod tests {
             found(Method::GET, "/api/jobs/abc/logs/tail"),
             Lookup::Found(Target {
                 module: 0,
-                kind: RouteKind::Websocket
+                kind: RouteKind::Websocket,
+                route: 2,
             })
         );
         assert_eq!(
             found(Method::POST, "/api/jobs/"),
             Lookup::Found(Target {
                 module: 1,
-                kind: RouteKind::Stream
+                kind: RouteKind::Stream,
+                route: 0,
             })
         );
         assert_eq!(
             found(Method::HEAD, "/api/jobs/x"),
             Lookup::Found(Target {
                 module: 0,
-                kind: RouteKind::Http
+                kind: RouteKind::Http,
+                route: 1,
             })
         );
         assert_eq!(

@@ -38,6 +38,7 @@ use tracing::{debug, info, warn, Instrument};
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
 use crate::error::ProxyError;
+use crate::metrics::Metrics;
 use crate::proxy::{is_send_timeout, Proxy, Routed, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
 use crate::reload::Reloader;
@@ -145,6 +146,8 @@ pub struct Dispatch {
     token: Option<auth::Token>,
     /// `server.url_prefix`, when set: only paths under it are answered.
     prefix: Option<UrlPrefix>,
+    /// Where the accept loop says how many clients it serves.
+    metrics: Arc<Metrics>,
 }
 
 impl Dispatch {
@@ -161,6 +164,7 @@ impl Dispatch {
             proxy: Arc::clone(&state.proxy),
             guard: Arc::new(guard),
             token,
+            metrics: Arc::clone(state.supervisor.metrics()),
             router: router(state),
             prefix: UrlPrefix::new(url_prefix),
         }
@@ -331,6 +335,9 @@ pub async fn serve(
         max: max_connections,
     };
     let mut admission = accept::Admission::new(max_connections);
+    service
+        .metrics
+        .set_clients(max_connections, admission.clients_served());
     let mut backoff = accept::AcceptBackoff::default();
     let connections = TaskTracker::new();
     let drain = CancellationToken::new();

@@ -41,6 +41,7 @@ use tracing::Instrument;
 
 use crate::config::ModuleSpec;
 use crate::connection::ConnectionStats;
+use crate::metrics::{Metrics, ModuleMetrics};
 use crate::session::Session;
 
 pub(crate) use state::Gate;
@@ -65,6 +66,8 @@ pub(crate) struct ModuleShared {
     /// Cancelled once the module's task has ended: its process stopped and
     /// its socket removed.
     stopped: CancellationToken,
+    /// Its series, which the proxy records into.
+    pub(crate) metrics: ModuleMetrics,
 }
 
 impl ModuleShared {
@@ -100,6 +103,11 @@ impl ModuleHandle {
     /// The module's name as a shared string.
     pub(crate) fn shared_name(&self) -> &Arc<str> {
         &self.shared.name
+    }
+
+    /// The series the proxy records this module's requests into.
+    pub(crate) fn metrics(&self) -> &ModuleMetrics {
+        &self.shared.metrics
     }
 
     /// Cancelled when the host shuts down, before the gate of the
@@ -335,6 +343,8 @@ pub struct Supervisor {
     session: Session,
     tracker: TaskTracker,
     stop: CancellationToken,
+    /// Where each module's series are made.
+    metrics: Arc<Metrics>,
 }
 
 /// What [`Supervisor::apply`] changed, by module name.
@@ -362,6 +372,7 @@ impl Supervisor {
         specs: &[ModuleSpec],
         session: &Session,
         early: impl IntoIterator<Item = EarlyStart>,
+        metrics: Arc<Metrics>,
     ) -> Supervisor {
         let mut early: HashMap<String, EarlyStart> =
             early.into_iter().map(|e| (e.name.clone(), e)).collect();
@@ -374,6 +385,7 @@ impl Supervisor {
             session: session.clone(),
             tracker,
             stop,
+            metrics,
         };
         let modules: Vec<ModuleHandle> = specs
             .iter()
@@ -410,6 +422,7 @@ impl Supervisor {
             controls: controls_tx,
             shutdown: shutdown.clone(),
             stopped: stopped.clone(),
+            metrics: self.metrics.module(&spec.name, &spec.routes),
         });
         let task = ModuleTask {
             shared: Arc::clone(&shared),
@@ -439,7 +452,13 @@ impl Supervisor {
             session: session.clone(),
             tracker: TaskTracker::new(),
             stop: CancellationToken::new(),
+            metrics: Arc::new(Metrics::new()),
         }
+    }
+
+    /// Where the modules' series are.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Every module now, in configuration order.

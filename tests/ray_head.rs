@@ -396,6 +396,8 @@ pub(crate) fn hosting(
         .env("RAY_USAGE_STATS_ENABLED", "0")
         .env("RAY_AUTH_MODE", "token")
         .env("RAY_AUTH_TOKEN", &token())
+        // Ray's dashboard metrics port, one per test.
+        .env("DASHBOARD_METRIC_PORT", &free_port().to_string())
 }
 
 /// Waits, within [`RAY_WAIT`], until the Ray Client proxy module of `d`

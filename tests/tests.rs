@@ -16,6 +16,7 @@ mod fork_shim;
 mod guard;
 mod install;
 mod logging;
+mod metrics;
 mod module_connections;
 mod other_user;
 mod proxy_http;

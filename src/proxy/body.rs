@@ -1,5 +1,6 @@
 //! A response body that ends with an error the moment its module's
-//! incarnation fails, so that a stream from a hung module is cut at once.
+//! incarnation fails, so that a stream from a hung module is cut at once,
+//! and that counts its bytes for the module's metrics.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,7 +9,10 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use prometheus_client::metrics::counter::Counter;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::metrics::OpenGuard;
 
 /// The body error seen by the client's connection when the module failed.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +24,10 @@ pub(crate) struct CancelableBody<B> {
     inner: B,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
     module: Arc<str>,
+    /// Counts the data bytes passed on.
+    bytes: Option<Counter>,
+    /// Counts a stream open while the body lives.
+    _open: Option<OpenGuard>,
 }
 
 impl<B> std::fmt::Debug for CancelableBody<B> {
@@ -36,7 +44,17 @@ impl<B> CancelableBody<B> {
             inner,
             cancelled: Box::pin(cancel.clone().cancelled_owned()),
             module: Arc::clone(module),
+            bytes: None,
+            _open: None,
         }
+    }
+
+    /// Counts the body's data bytes into `bytes`, and holds `open` until
+    /// the body is dropped.
+    pub(crate) fn counted(mut self, bytes: Counter, open: Option<OpenGuard>) -> Self {
+        self.bytes = Some(bytes);
+        self._open = open;
+        self
     }
 }
 
@@ -55,7 +73,13 @@ where
         if self.cancelled.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Some(Err(ModuleFailed(self.module.to_string()).into())));
         }
-        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(frame))), Some(bytes)) = (&polled, &self.bytes) {
+            if let Some(data) = frame.data_ref() {
+                bytes.inc_by(data.len() as u64);
+            }
+        }
+        polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tracing::info;
@@ -229,16 +230,25 @@ pub(crate) struct BodyTimeout<B> {
     /// The module the body goes to, for the log line.
     module: Arc<str>,
     expired: bool,
+    /// Counts the data bytes passed on, for the module's metrics.
+    bytes: Counter,
 }
 
 impl<B> BodyTimeout<B> {
-    /// `inner`, bounded by `timeout` per wait, on its way to `module`.
-    pub(crate) fn new(inner: B, timeout: Duration, module: &Arc<str>) -> BodyTimeout<B> {
+    /// `inner`, bounded by `timeout` per wait, on its way to `module`, its
+    /// data bytes counted into `bytes`.
+    pub(crate) fn new(
+        inner: B,
+        timeout: Duration,
+        module: &Arc<str>,
+        bytes: Counter,
+    ) -> BodyTimeout<B> {
         BodyTimeout {
             inner,
             timer: IdleTimer::new(timeout),
             module: Arc::clone(module),
             expired: false,
+            bytes,
         }
     }
 }
@@ -273,6 +283,9 @@ where
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(ClientBodyError::Broken(e.into())))),
             Poll::Ready(Some(Ok(frame))) => {
                 this.timer.progress();
+                if let Some(data) = frame.data_ref() {
+                    this.bytes.inc_by(data.len() as u64);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(None) => Poll::Ready(None),

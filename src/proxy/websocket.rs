@@ -54,7 +54,7 @@ pub(super) async fn forward(
     )
     .await?;
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return Ok(downstream_response(module, &gate, response));
+        return Ok(downstream_response(module, &gate, response, None));
     }
     let module_upgrade = hyper::upgrade::on(&mut response);
     // The websocket keeps its module connection, one of the module's
@@ -73,7 +73,9 @@ pub(super) async fn forward(
     let max_message = settings.max_websocket_message_bytes;
     let name = module.shared_name().clone();
     let shutdown = module.shutdown_token().clone();
+    let open = module.metrics().websocket_open();
     tokio::spawn(async move {
+        let _open = open;
         let (client_io, module_io) = match tokio::try_join!(client_upgrade, module_upgrade) {
             Ok(ios) => ios,
             Err(e) => {

@@ -47,6 +47,10 @@ const KV_RETRY: Duration = Duration::from_secs(5);
 /// reports).
 const KV_NAMESPACE: &[u8] = b"dashboard";
 const KV_KEYS: [&[u8]; 2] = [b"dashboard", b"webui:url"];
+/// Where Prometheus's discovery (`ray.util.metrics`' service discovery
+/// writer) finds the dashboard's metrics port: Ray's dashboard head writes
+/// it in no namespace (its `_setup_metrics`).
+const METRICS_KV_KEY: &[u8] = b"DashboardMetricsAddress";
 
 /// A failed call to the GCS.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -304,6 +308,8 @@ pub struct Watcher<G> {
     /// How long the GCS may stay unreachable before the head counts as gone.
     gone_after: Duration,
     status: GcsStatus,
+    /// The dashboard metrics port's `host:port`, when it is served.
+    metrics_address: Option<String>,
 }
 
 impl<G: Gcs> Watcher<G> {
@@ -321,6 +327,7 @@ impl<G: Gcs> Watcher<G> {
             advertise,
             gone_after,
             status,
+            metrics_address: None,
         }
     }
 
@@ -414,6 +421,12 @@ impl<G: Gcs> Watcher<G> {
         Gone { reason }
     }
 
+    /// Writes `address` (`host:port`) as the dashboard metrics port's too.
+    pub fn with_metrics_address(mut self, address: Option<String>) -> Watcher<G> {
+        self.metrics_address = address;
+        self
+    }
+
     /// Writes the dashboard's address; returns when to write it again.
     async fn advertise_address(&mut self) -> Duration {
         for key in KV_KEYS {
@@ -424,6 +437,17 @@ impl<G: Gcs> Watcher<G> {
                     key = %String::from_utf8_lossy(key),
                     error = %e,
                     "cannot write the dashboard address to the GCS"
+                );
+                return KV_RETRY;
+            }
+        }
+        if let Some(address) = &self.metrics_address {
+            let value = address.clone().into_bytes();
+            if let Err(e) = bounded(KV_TIMEOUT, self.gcs.put(b"", METRICS_KV_KEY, value)).await {
+                warn!(
+                    gcs = %self.address,
+                    error = %e,
+                    "cannot write the dashboard metrics address to the GCS"
                 );
                 return KV_RETRY;
             }
@@ -494,6 +518,14 @@ fn loopback(family: IpAddr) -> IpAddr {
         IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
     }
+}
+
+/// The head's IP, as the GCS address names it (loopback when it names a
+/// host by name).
+pub fn head_ip(gcs_address: &str) -> IpAddr {
+    gcs_host(gcs_address)
+        .parse()
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
 /// The host part of `host:port` or `[v6]:port`.

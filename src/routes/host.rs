@@ -54,7 +54,12 @@ pub enum ApiRoute {
     Status,
     /// `POST`: read the config again and apply its modules.
     Reload,
+    /// `GET`: the host's metrics, in Prometheus text format.
+    Metrics,
 }
+
+/// Where the host's metrics are (not public in token mode).
+pub const METRICS_PATH: &str = "/metrics";
 
 /// Where `POST` reloads the config (as SIGHUP does).
 pub const RELOAD_PATH: &str = "/api/reload";
@@ -124,6 +129,7 @@ pub const HOST_ROUTES: &[HostRoute] = &[
         "/cluster_id",
         HostHandler::RayParent(ParentRoute::ClusterId),
     ),
+    route(METRICS_PATH, HostHandler::Api(ApiRoute::Metrics)),
 ];
 
 const fn route(path: &'static str, handler: HostHandler) -> HostRoute {

@@ -162,6 +162,14 @@ impl Admission {
         }
     }
 
+    /// Reads how many client connections are served now (those over the
+    /// cap not counted).
+    pub(crate) fn clients_served(&self) -> impl Fn() -> usize + Send + Sync + 'static {
+        let clients = Arc::clone(&self.clients);
+        let max = self.max.min(Semaphore::MAX_PERMITS);
+        move || max - clients.available_permits()
+    }
+
     /// Decides where a connection just accepted goes.
     pub(crate) fn admit(&mut self) -> Admitted {
         if let Ok(permit) = Arc::clone(&self.clients).try_acquire_owned() {

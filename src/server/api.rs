@@ -2,6 +2,8 @@
 //! module's restart, the host's status): one handler per [`ApiRoute`]. Its
 //! refusals are [`ApiError`]s, answered in one place.
 
+use std::time::Duration;
+
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -22,7 +24,40 @@ pub(super) fn handler(route: ApiRoute) -> MethodRouter<AppState> {
         ApiRoute::RestartModule => post(restart_module),
         ApiRoute::Status => get(status),
         ApiRoute::Reload => post(reload),
+        ApiRoute::Metrics => get(metrics),
     }
+}
+
+/// The host's metrics (see [`crate::metrics`]), read now.
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let modules = state.supervisor.modules();
+    let reports: Vec<_> = modules
+        .iter()
+        .map(|m| (m.report(), m.in_flight()))
+        .collect();
+    let scrape = crate::metrics::Scrape {
+        modules: reports
+            .iter()
+            .map(|(report, in_flight)| crate::metrics::ModuleSample {
+                name: &report.name,
+                state: report.state.as_str(),
+                restarts: report.restarts,
+                health_rtt: report.last_health_rtt_us.map(Duration::from_micros),
+                in_flight: *in_flight,
+            })
+            .collect(),
+        dropped_log_lines: crate::logging::dropped_lines(),
+    };
+    (
+        [
+            (header::CACHE_CONTROL, "no-store"),
+            (
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            ),
+        ],
+        state.supervisor.metrics().encode(&scrape),
+    )
 }
 
 /// Reads the config again and applies its modules (see [`crate::reload`]);

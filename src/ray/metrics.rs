@@ -1,0 +1,218 @@
+//! Ray's dashboard metrics port: what Ray's dashboard head serves on
+//! `DASHBOARD_METRIC_PORT` (its `_setup_metrics`), for Prometheus to find
+//! through the GCS key `DashboardMetricsAddress` (written by the GCS
+//! watcher). The series are [`crate::metrics::ray`]'s; this binds the port,
+//! serves them, and samples the host's and the modules' CPU and memory
+//! every `METRICS_RECORD_INTERVAL_S`, as Ray's `_record_dashboard_metrics`
+//! does.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::metrics::ray::{ComponentSample, HostSample, RayMetrics, HOST_COMPONENT};
+use crate::supervisor::Supervisor;
+
+/// Ray's default metrics port (`ray/dashboard/consts.py`).
+pub const DEFAULT_PORT: u16 = 44227;
+/// Ray's default `METRICS_RECORD_INTERVAL_S`: how often CPU and memory are
+/// sampled.
+const DEFAULT_RECORD_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The metrics port Ray's dashboard would use: `DASHBOARD_METRIC_PORT`, or
+/// 44227.
+pub fn port(env: impl Fn(&str) -> Option<String>) -> u16 {
+    env("DASHBOARD_METRIC_PORT")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_PORT)
+}
+
+/// How often CPU and memory are sampled: `METRICS_RECORD_INTERVAL_S`, or
+/// 5 s.
+pub fn record_interval(env: impl Fn(&str) -> Option<String>) -> Duration {
+    env("METRICS_RECORD_INTERVAL_S")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map_or(DEFAULT_RECORD_INTERVAL, Duration::from_secs)
+}
+
+/// Binds the metrics port as Ray does: on the head's IP when that is a
+/// loopback address, else on all addresses. `None`, logged once, when the
+/// port is taken: everything else is served all the same.
+pub async fn bind(head_ip: IpAddr, port: u16) -> Option<TcpListener> {
+    let ip = if head_ip.is_loopback() {
+        head_ip
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    };
+    let addr = SocketAddr::new(ip, port);
+    match TcpListener::bind(addr).await {
+        Ok(listener) => Some(listener),
+        Err(error) => {
+            warn!(%addr, %error, "cannot bind Ray's dashboard metrics port (DASHBOARD_METRIC_PORT); not serving Ray's dashboard metrics");
+            None
+        }
+    }
+}
+
+/// Serves `metrics` on `listener` (any path, as Ray's exporter does) and
+/// samples the components every `interval`, until `stop`.
+pub fn serve(
+    listener: TcpListener,
+    metrics: Arc<RayMetrics>,
+    supervisor: Arc<Supervisor>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let scraped = Arc::clone(&metrics);
+    let app = Router::new().fallback(move || {
+        let metrics = Arc::clone(&scraped);
+        async move {
+            (
+                [(
+                    header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )],
+                metrics.encode(),
+            )
+                .into_response()
+        }
+    });
+    let shutdown = stop.clone();
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+        {
+            warn!(%error, "Ray's dashboard metrics server stopped");
+        }
+    });
+    tokio::spawn(sample(metrics, supervisor, interval, stop));
+}
+
+/// Samples CPU and memory of the host and every module with a process,
+/// every `interval`; CPU is the share of one core used since the last
+/// sample, as psutil's `cpu_percent()` gives it.
+async fn sample(
+    metrics: Arc<RayMetrics>,
+    supervisor: Arc<Supervisor>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let ticks_per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)
+        .map_or(100.0, |t| t as f64);
+    let mut last: HashMap<u32, (u64, Instant)> = HashMap::new();
+    let mut lag = Duration::ZERO;
+    loop {
+        let mut processes = vec![(HOST_COMPONENT.to_owned(), std::process::id())];
+        for module in supervisor.modules().iter() {
+            if let Some(pid) = module.report().pid {
+                processes.push((format!("dashboard_{}", module.name()), pid));
+            }
+        }
+        let now = Instant::now();
+        let mut seen = HashMap::with_capacity(processes.len());
+        let components = processes
+            .into_iter()
+            .filter_map(|(component, pid)| {
+                let stat = ray_dashd_contract::proc::stat(pid).ok()?;
+                let ticks = stat.utime + stat.stime;
+                let cpu_percent = match last.get(&pid) {
+                    Some((before, at)) if ticks >= *before => {
+                        let wall = now.duration_since(*at).as_secs_f64();
+                        if wall > 0.0 {
+                            (ticks - before) as f64 / ticks_per_second / wall * 100.0
+                        } else {
+                            0.0
+                        }
+                    }
+                    _ => 0.0,
+                };
+                seen.insert(pid, (ticks, now));
+                let rss_bytes = ray_dashd_contract::proc::status_kib(pid, "VmRSS")
+                    .unwrap_or(0)
+                    .saturating_mul(1024);
+                Some(ComponentSample {
+                    component,
+                    pid,
+                    cpu_percent,
+                    rss_bytes,
+                    uss_bytes: uss_bytes(pid).unwrap_or(0),
+                })
+            })
+            .collect();
+        last = seen;
+        let tasks = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+        metrics.set_sampled(
+            components,
+            HostSample {
+                tasks: i64::try_from(tasks).unwrap_or(i64::MAX),
+                lag_seconds: lag.as_secs_f64(),
+            },
+        );
+        let due = tokio::time::Instant::now() + interval;
+        tokio::select! {
+            () = tokio::time::sleep_until(due) => {}
+            () = stop.cancelled() => {
+                debug!("Ray's dashboard metrics sampler stopped");
+                return;
+            }
+        }
+        lag = tokio::time::Instant::now().saturating_duration_since(due);
+    }
+}
+
+/// A process's unique set size: its private pages, from
+/// `/proc/<pid>/smaps_rollup`.
+fn uss_bytes(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kib: u64 = text
+        .lines()
+        .filter(|line| {
+            line.starts_with("Private_Clean:")
+                || line.starts_with("Private_Dirty:")
+                || line.starts_with("Private_Hugetlb:")
+        })
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum();
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The port and interval come from Ray's variables, else Ray's defaults.
+    #[test]
+    fn port_and_interval_follow_rays_variables() {
+        let none = |_: &str| None;
+        assert_eq!(port(none), 44227);
+        assert_eq!(record_interval(none), Duration::from_secs(5));
+        let set = |name: &str| match name {
+            "DASHBOARD_METRIC_PORT" => Some("45001".to_owned()),
+            "METRICS_RECORD_INTERVAL_S" => Some("2".to_owned()),
+            _ => None,
+        };
+        assert_eq!(port(set), 45001);
+        assert_eq!(record_interval(set), Duration::from_secs(2));
+    }
+
+    /// This process has private pages.
+    #[test]
+    fn reads_its_own_uss() {
+        assert!(uss_bytes(std::process::id()).is_some_and(|b| b > 0));
+    }
+}

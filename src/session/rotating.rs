@@ -178,14 +178,19 @@ pub fn pump(mut pipe: File, mut file: RotatingFile) -> io::Result<()> {
         .spawn(move || {
             let _running = running;
             let mut buf = vec![0u8; 64 * 1024];
+            // Said once per failing spell (a full disk fails every write).
+            let mut failing = false;
             loop {
                 match pipe.read(&mut buf) {
                     Ok(0) => break,
-                    Ok(n) => {
-                        if let Err(error) = file.write_all(&buf[..n]) {
+                    Ok(n) => match file.write_all(&buf[..n]) {
+                        Ok(()) => failing = false,
+                        Err(error) if !failing => {
+                            failing = true;
                             eprintln!("ray-dashd: cannot write {}: {error}", file.name);
                         }
-                    }
+                        Err(_) => {}
+                    },
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => break,
                 }

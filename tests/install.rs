@@ -11,8 +11,11 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::ray_client::run_driver;
-use crate::ray_head::{all_ray_modules_healthy, authed, text, token, RayHead, RAY_WAIT};
-use crate::support::{client, dashd, eventually, Dashd};
+use crate::ray_head::{
+    all_ray_modules_healthy, authed, ray_module_healthy, submit_six_times_seven, text, token,
+    RayHead,
+};
+use crate::support::{client, dashd, Dashd};
 
 /// The Ray Client port ray-dashd's proxy takes when told none.
 const DEFAULT_CLIENT_PORT: u16 = 10001;
@@ -55,32 +58,6 @@ fn command(report: &Value) -> Vec<String> {
         .iter()
         .map(|a| a.as_str().expect("argument").to_owned())
         .collect()
-}
-
-/// Waits until module `name` is healthy, asking with the cluster's token.
-async fn healthy_with_token(d: &Dashd, name: &str) -> Value {
-    let last = std::sync::Mutex::new(Value::Null);
-    let healthy = eventually(RAY_WAIT, || async {
-        let report: Value = authed()
-            .get(d.url(&format!("/api/modules/{name}")))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        let healthy = report["state"] == "healthy";
-        *last.lock().expect("last report") = report.clone();
-        healthy.then_some(report)
-    })
-    .await;
-    healthy.unwrap_or_else(|| {
-        panic!(
-            "module {name} not healthy: {:#}\nlog:\n{}",
-            last.lock().expect("last report"),
-            d.log()
-        )
-    })
 }
 
 /// GETs `path` and returns its status and body.
@@ -222,7 +199,7 @@ async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
         "{job_head:#}"
     );
     for name in ["ray_client_proxy", "logs", "example"] {
-        let module = healthy_with_token(&d, name).await;
+        let module = ray_module_healthy(&d, &authed(), name).await;
         assert_eq!(
             exe_of(module["pid"].as_u64().expect("pid")),
             installed,
@@ -239,19 +216,8 @@ async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
         .expect("version json");
     assert_eq!(versions["ray_version"], "2.60.0", "{versions}");
 
-    let submitted = head.cli(&[
-        "job",
-        "submit",
-        "--address",
-        &d.url(""),
-        "--",
-        "python",
-        "-c",
-        "print(6 * 7)",
-    ]);
+    let submitted = submit_six_times_seven(&head, &d, &d.url(""), &[]);
     let out = text(&submitted);
-    assert!(submitted.status.success(), "{out}\nlog:\n{}", d.log());
-    assert!(out.lines().any(|l| l.trim() == "42"), "{out}");
     assert!(out.contains("succeeded"), "{out}");
 
     // `ray://` on the default port reaches ray-dashd's proxy: a task, an

@@ -140,7 +140,8 @@ async fn token_mode_asks_for_the_token() {
 #[tokio::test]
 async fn serves_rays_dashboard_metrics_where_ray_finds_them() {
     use crate::ray_head::{
-        all_ray_modules_healthy, free_port, hosting, ray_python, run_bounded, text, RayHead,
+        all_ray_modules_healthy, free_port, hosting, ray_python, run_bounded,
+        submit_six_times_seven, text, RayHead,
     };
     let python = ray_python();
     let head = RayHead::start(&python);
@@ -150,22 +151,7 @@ async fn serves_rays_dashboard_metrics_where_ray_finds_them() {
         .env("METRICS_RECORD_INTERVAL_S", "1")
         .start();
     all_ray_modules_healthy(&d).await;
-    let submitted = head.cli(&[
-        "job",
-        "submit",
-        "--address",
-        &d.url(""),
-        "--",
-        "python",
-        "-c",
-        "print(6 * 7)",
-    ]);
-    assert!(
-        submitted.status.success(),
-        "{}\nlog:\n{}",
-        text(&submitted),
-        d.log()
-    );
+    submit_six_times_seven(&head, &d, &d.url(""), &[]);
 
     let url = format!("http://127.0.0.1:{port}/metrics");
     let wanted = [

@@ -400,26 +400,55 @@ pub(crate) fn hosting(
         .env("DASHBOARD_METRIC_PORT", &free_port().to_string())
 }
 
-/// Waits, within [`RAY_WAIT`], until the Ray Client proxy module of `d`
-/// is healthy; fails the test with the host's log otherwise.
-pub(crate) async fn client_proxy_healthy(d: &Dashd) {
+/// Waits, within [`RAY_WAIT`], until module `name` of `d` is healthy,
+/// asking with `client` (the cluster's token, a CA, as the host needs);
+/// its report. Fails the test with the last report and the host's log
+/// otherwise.
+pub(crate) async fn ray_module_healthy(d: &Dashd, client: &reqwest::Client, name: &str) -> Value {
+    let last = std::sync::Mutex::new(Value::Null);
     let healthy = eventually(RAY_WAIT, || async {
-        let module: Value = authed()
-            .get(d.url("/api/modules/ray_client_proxy"))
+        let report: Value = client
+            .get(d.url(&format!("/api/modules/{name}")))
             .send()
             .await
             .ok()?
             .json()
             .await
             .ok()?;
-        (module["state"] == "healthy").then_some(())
+        let healthy = report["state"] == "healthy";
+        *last.lock().expect("last report") = report.clone();
+        healthy.then_some(report)
     })
     .await;
+    healthy.unwrap_or_else(|| {
+        panic!(
+            "module {name} not healthy: {:#}\nlog:\n{}",
+            last.lock().expect("last report"),
+            d.log()
+        )
+    })
+}
+
+/// `ray job submit --address address [extra…] -- python -c "print(6 * 7)"`
+/// with `head`'s Ray, through `d`: asserts that it succeeded and printed
+/// 42; its output.
+pub(crate) fn submit_six_times_seven(
+    head: &RayHead,
+    d: &Dashd,
+    address: &str,
+    extra: &[&str],
+) -> Output {
+    let mut args = vec!["job", "submit", "--address", address];
+    args.extend_from_slice(extra);
+    args.extend(["--", "python", "-c", "print(6 * 7)"]);
+    let submitted = head.cli(&args);
+    let out = text(&submitted);
+    assert!(submitted.status.success(), "{out}\nlog:\n{}", d.log());
     assert!(
-        healthy.is_some(),
-        "the Ray Client proxy module is not healthy:\n{}",
-        d.log()
+        out.lines().any(|l| l.trim() == "42"),
+        "job output missing: {out}"
     );
+    submitted
 }
 
 pub(crate) async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
@@ -496,25 +525,11 @@ async fn ray_cli_works_through_ray_dashd() {
         "{zygote_log}"
     );
     // With Ray's modules comes the Ray Client proxy.
-    client_proxy_healthy(&d).await;
+    ray_module_healthy(&d, &authed(), "ray_client_proxy").await;
     let address = d.url("");
 
-    let submitted = head.cli(&[
-        "job",
-        "submit",
-        "--address",
-        &address,
-        "--",
-        "python",
-        "-c",
-        "print(6 * 7)",
-    ]);
+    let submitted = submit_six_times_seven(&head, &d, &address, &[]);
     let out = text(&submitted);
-    assert!(submitted.status.success(), "{out}\nlog:\n{}", d.log());
-    assert!(
-        out.lines().any(|l| l.trim() == "42"),
-        "job output missing: {out}"
-    );
     assert!(out.contains("succeeded"), "{out}");
     let id = submission_id(&submitted);
 

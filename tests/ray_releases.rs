@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use crate::ray_client::run_driver;
 use crate::ray_head::{
-    all_ray_modules_healthy, client_proxy_healthy, free_port, hosting, text, RayHead,
+    all_ray_modules_healthy, authed, free_port, hosting, ray_module_healthy, text, RayHead,
 };
 
 /// The other release's Python. Missing, the test fails: a skipped run must
@@ -72,7 +72,7 @@ async fn another_ray_release_is_hosted() {
 
     // A runtime env makes the proxy ask the head's runtime env agent, which
     // it finds through the GCS's node table.
-    client_proxy_healthy(&d).await;
+    ray_module_healthy(&d, &authed(), "ray_client_proxy").await;
     let env_vars = run_driver(
         &head,
         &python,

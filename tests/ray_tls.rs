@@ -12,8 +12,8 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, 
 
 use crate::ray_client::run_driver;
 use crate::ray_head::{
-    all_ray_modules_healthy, authed, client_proxy_healthy, free_port, hosting, text, RayHead,
-    RAY_WAIT,
+    all_ray_modules_healthy, authed, free_port, hosting, ray_module_healthy,
+    submit_six_times_seven, RayHead, RAY_WAIT,
 };
 use crate::support::eventually;
 
@@ -86,24 +86,9 @@ async fn ray_dashd_serves_a_tls_cluster() {
         );
     }
 
-    client_proxy_healthy(&d).await;
+    ray_module_healthy(&d, &authed(), "ray_client_proxy").await;
 
-    let submitted = head.cli(&[
-        "job",
-        "submit",
-        "--address",
-        &d.url(""),
-        "--",
-        "python",
-        "-c",
-        "print(6 * 7)",
-    ]);
-    let out = text(&submitted);
-    assert!(submitted.status.success(), "{out}\nlog:\n{}", d.log());
-    assert!(
-        out.lines().any(|l| l.trim() == "42"),
-        "job output missing: {out}"
-    );
+    submit_six_times_seven(&head, &d, &d.url(""), &[]);
 
     // The client port speaks TLS only: plain gRPC never reaches a service.
     let address = format!("127.0.0.1:{client_port}");

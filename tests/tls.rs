@@ -18,7 +18,10 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::ray_head::{free_port, hosting, ray_python, text, RayHead, RAY_WAIT};
+use crate::ray_head::{
+    free_port, hosting, ray_module_healthy, ray_python, submit_six_times_seven, text, RayHead,
+    RAY_WAIT,
+};
 use crate::support::{dashd, eventually, raw_exchange, test_module, Dashd, WAIT};
 
 /// A CA, and what it signs.
@@ -317,29 +320,6 @@ async fn sighup_serves_the_new_certificate() {
     assert_eq!(health.status(), 200);
 }
 
-/// Waits, within [`RAY_WAIT`], until Ray's job module behind `d` is
-/// healthy; fails the test with the host's log otherwise.
-pub(crate) async fn job_module_healthy(d: &Dashd) {
-    let healthy = eventually(RAY_WAIT, || async {
-        let module: serde_json::Value = d
-            .client()
-            .get(d.url("/api/modules/JobHead"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (module["state"] == "healthy").then_some(())
-    })
-    .await;
-    assert!(
-        healthy.is_some(),
-        "Ray's JobHead never became healthy; log:\n{}",
-        d.log()
-    );
-}
-
 /// What Ray's tools read from the GCS key `dashboard` of `head` once `d`
 /// has written it (read with Ray's own client, by `dashboard_kv.py`).
 pub(crate) async fn dashboard_key(head: &RayHead, d: &Dashd) -> String {
@@ -374,27 +354,11 @@ async fn ray_job_submit_over_https() {
         .env("RAY_DASHD_TLS_KEY", &path(dir.path(), "key.pem"))
         .https(&ca.pem)
         .start();
-    job_module_healthy(&d).await;
+    ray_module_healthy(&d, &d.client(), "JobHead").await;
     let address = d.url("");
     assert!(address.starts_with("https://"), "{address}");
-    let submitted = head.cli(&[
-        "job",
-        "submit",
-        "--address",
-        &address,
-        "--verify",
-        &path(dir.path(), "ca.pem"),
-        "--",
-        "python",
-        "-c",
-        "print(6 * 7)",
-    ]);
-    let out = text(&submitted);
-    assert!(submitted.status.success(), "{out}\nlog:\n{}", d.log());
-    assert!(
-        out.lines().any(|l| l.trim() == "42"),
-        "job output missing: {out}"
-    );
+    let ca_file = path(dir.path(), "ca.pem");
+    submit_six_times_seven(&head, &d, &address, &["--verify", &ca_file]);
     assert_eq!(
         dashboard_key(&head, &d).await,
         format!("https://{}", d.addr())

@@ -8,9 +8,11 @@ use std::process::Command;
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::{self, Message};
 
-use crate::ray_head::{free_port, hosting, ray_python, text, RayHead};
+use crate::ray_head::{
+    free_port, hosting, ray_module_healthy, ray_python, submit_six_times_seven, RayHead,
+};
 use crate::support::{client, dashd, test_module, WAIT};
-use crate::tls::{dashboard_key, job_module_healthy};
+use crate::tls::dashboard_key;
 
 const PREFIX: &str = "/ray/dash-1";
 
@@ -148,24 +150,9 @@ async fn ray_job_submit_under_a_prefix() {
         .arg(PREFIX)
         .prefixed(PREFIX)
         .start();
-    job_module_healthy(&d).await;
+    ray_module_healthy(&d, &d.client(), "JobHead").await;
     let address = d.url("");
-    let submitted = head.cli(&[
-        "job",
-        "submit",
-        "--address",
-        &address,
-        "--",
-        "python",
-        "-c",
-        "print(6 * 7)",
-    ]);
-    let out = text(&submitted);
-    assert!(submitted.status.success(), "{out}\nlog:\n{}", d.log());
-    assert!(
-        out.lines().any(|l| l.trim() == "42"),
-        "job output missing: {out}"
-    );
+    submit_six_times_seven(&head, &d, &address, &[]);
     let version = d
         .client()
         .get(d.url("/api/version"))

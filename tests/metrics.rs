@@ -135,8 +135,9 @@ async fn token_mode_asks_for_the_token() {
 /// `DASHBOARD_METRIC_PORT` under Ray's names: after `ray job submit`
 /// through ray-dashd, the API request counter has the jobs route's pattern
 /// as its endpoint, the components' memory has the host's and Ray's
-/// modules' `Component`s, and the GCS key `DashboardMetricsAddress` names
-/// the port, as Ray's dashboard head writes it.
+/// modules' `Component`s, and Ray's Prometheus service discovery lists
+/// the port (from the GCS key `DashboardMetricsAddress`, as Ray's
+/// dashboard head writes it).
 #[tokio::test]
 async fn serves_rays_dashboard_metrics_where_ray_finds_them() {
     use crate::ray_head::{
@@ -186,24 +187,32 @@ async fn serves_rays_dashboard_metrics_where_ray_finds_them() {
     assert!(scraped.contains(r#"Component="dashboard""#), "{scraped}");
     assert!(scraped.contains("SessionName=\"session_"), "{scraped}");
 
-    // The address as Ray's tools read it from the GCS.
-    let mut read = std::process::Command::new(&python);
-    read.args([
+    // The address as Prometheus finds it: Ray's file-based service
+    // discovery (`ray metrics launch-prometheus`) lists every target it
+    // reads from the GCS, this one from `DashboardMetricsAddress`.
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let mut discover = std::process::Command::new(&python);
+    discover.args([
         "-c",
-        "import sys\nfrom ray._raylet import GcsClient\n\
-         c = GcsClient(address=sys.argv[1])\n\
-         v = c.internal_kv_get(b'DashboardMetricsAddress', None)\n\
-         print(v.decode() if v else 'missing')",
+        "import sys\nfrom ray._private.metrics_agent import PrometheusServiceDiscoveryWriter\n\
+         w = PrometheusServiceDiscoveryWriter(sys.argv[1], sys.argv[2])\n\
+         print(w.get_file_discovery_content())",
         &head.gcs,
+        &scratch.path().to_string_lossy(),
     ]);
-    head.env(&mut read);
-    let out = run_bounded(read);
+    head.env(&mut discover);
+    let out = run_bounded(discover);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        format!("127.0.0.1:{port}"),
-        "{}\nlog:\n{}",
-        text(&out),
+    let content: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    let ours = serde_json::Value::String(format!("127.0.0.1:{port}"));
+    let targets = content[0]["targets"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        targets.contains(&ours),
+        "discovery lacks {ours}: {content}\nlog:\n{}",
         d.log()
     );
 }

@@ -1,6 +1,6 @@
 //! The host's own metrics at `GET /metrics`: per module requests, state and
 //! restarts, the process's own series, and the token that token mode asks
-//! for there as everywhere else.
+//! for there as everywhere else. Ray's dashboard series: `ray_serving.rs`.
 
 use nix::sys::signal::Signal;
 
@@ -130,96 +130,6 @@ async fn token_mode_asks_for_the_token() {
     let (status, text) = scrape(&d, None).await;
     assert_eq!(status, 401, "{text}");
 }
-
-/// With Ray's modules hosted, Ray's dashboard metrics are served on
-/// `DASHBOARD_METRIC_PORT` under Ray's names: after `ray job submit`
-/// through ray-dashd, the API request counter has the jobs route's pattern
-/// as its endpoint, the components' memory has the host's and Ray's
-/// modules' `Component`s, and Ray's Prometheus service discovery lists
-/// the port (from the GCS key `DashboardMetricsAddress`, as Ray's
-/// dashboard head writes it).
-#[tokio::test]
-async fn serves_rays_dashboard_metrics_where_ray_finds_them() {
-    use crate::ray_head::{
-        all_ray_modules_healthy, free_port, hosting, ray_python, run_bounded,
-        submit_six_times_seven, text, RayHead,
-    };
-    let python = ray_python();
-    let head = RayHead::start(&python);
-    let port = free_port();
-    let d = hosting(&head, &python, free_port(), "")
-        .env("DASHBOARD_METRIC_PORT", &port.to_string())
-        .env("METRICS_RECORD_INTERVAL_S", "1")
-        .start();
-    all_ray_modules_healthy(&d).await;
-    submit_six_times_seven(&head, &d, &d.url(""), &[]);
-
-    let url = format!("http://127.0.0.1:{port}/metrics");
-    let wanted = [
-        r#"ray_dashboard_api_requests_count_requests_total{method="POST",endpoint="/api/jobs/",http_status="2xx","#,
-        r#"ray_dashboard_api_requests_duration_seconds_count{endpoint="/api/jobs/",http_status="2xx","#,
-        r#"Component="dashboard_JobHead""#,
-        "ray_component_rss_mb{",
-        "ray_component_rss_bytes{",
-        "ray_component_uss_mb{",
-        "ray_component_cpu_percentage{",
-        "ray_dashboard_event_loop_tasks{",
-        "ray_dashboard_event_loop_lag_seconds{",
-    ];
-    let deadline = std::time::Instant::now() + RAY_SCRAPE_WAIT;
-    let scraped = loop {
-        let body = match client().get(&url).send().await {
-            Ok(response) => response.text().await.unwrap_or_default(),
-            Err(e) => format!("{e}"),
-        };
-        if wanted.iter().all(|w| body.contains(w)) {
-            break body;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "metrics port lacks a series; last scrape:\n{body}\nlog:\n{}",
-            d.log()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    };
-    let version = r#"Version="2.60.0""#;
-    assert!(scraped.contains(version), "{scraped}");
-    assert!(scraped.contains(r#"Component="dashboard""#), "{scraped}");
-    assert!(scraped.contains("SessionName=\"session_"), "{scraped}");
-
-    // The address as Prometheus finds it: Ray's file-based service
-    // discovery (`ray metrics launch-prometheus`) lists every target it
-    // reads from the GCS, this one from `DashboardMetricsAddress`.
-    let scratch = tempfile::tempdir().expect("tempdir");
-    let mut discover = std::process::Command::new(&python);
-    discover.args([
-        "-c",
-        "import sys\nfrom ray._private.metrics_agent import PrometheusServiceDiscoveryWriter\n\
-         w = PrometheusServiceDiscoveryWriter(sys.argv[1], sys.argv[2])\n\
-         print(w.get_file_discovery_content())",
-        &head.gcs,
-        &scratch.path().to_string_lossy(),
-    ]);
-    head.env(&mut discover);
-    let out = run_bounded(discover);
-    assert!(out.status.success(), "{}", text(&out));
-    let content: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
-    let ours = serde_json::Value::String(format!("127.0.0.1:{port}"));
-    let targets = content[0]["targets"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        targets.contains(&ours),
-        "discovery lacks {ours}: {content}\nlog:\n{}",
-        d.log()
-    );
-}
-
-/// Bound on the wait for the metrics port's series: the modules must have
-/// answered and the sampler have run.
-const RAY_SCRAPE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A module a reload adds gets its series, and counts its requests; one a
 /// reload removes has its series removed once it has stopped.

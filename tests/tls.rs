@@ -2,7 +2,7 @@
 //! host's API, module routes and websockets over TLS with a certificate of
 //! a CA made here, plain HTTP told to use HTTPS, a key that is not the
 //! certificate's refused at start, and a new certificate served after
-//! SIGHUP; against a real Ray head, `ray job submit` over HTTPS.
+//! SIGHUP. With Ray's CLI: `ray_serving.rs`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -18,20 +18,17 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::ray_head::{
-    free_port, hosting, ray_module_healthy, ray_python, submit_six_times_seven, text, RayHead,
-    RAY_WAIT,
-};
+use crate::ray_head::{ray_python, text, RayHead, RAY_WAIT};
 use crate::support::{dashd, eventually, raw_exchange, test_module, Dashd, WAIT};
 
 /// A CA, and what it signs.
-struct Ca {
+pub(crate) struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
-    pem: String,
+    pub(crate) pem: String,
 }
 
 impl Ca {
-    fn new() -> Ca {
+    pub(crate) fn new() -> Ca {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params
@@ -45,7 +42,7 @@ impl Ca {
 
     /// A certificate for 127.0.0.1 and localhost named `name`, and its key,
     /// written to `dir` as `cert.pem` and `key.pem`; the certificate's DER.
-    fn issue(&self, dir: &Path, name: &str) -> Vec<u8> {
+    pub(crate) fn issue(&self, dir: &Path, name: &str) -> Vec<u8> {
         let key = KeyPair::generate().expect("key");
         let cert = self.sign(name, &key);
         std::fs::write(dir.join("cert.pem"), cert.pem()).expect("write cert");
@@ -62,7 +59,7 @@ impl Ca {
     }
 }
 
-fn path(dir: &Path, name: &str) -> String {
+pub(crate) fn path(dir: &Path, name: &str) -> String {
     dir.join(name).display().to_string()
 }
 
@@ -337,30 +334,4 @@ pub(crate) async fn dashboard_key(head: &RayHead, d: &Dashd) -> String {
     let out = command.output().expect("run dashboard_kv.py");
     assert!(out.status.success(), "{}", text(&out));
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// Against a real Ray head: `ray job submit --address https://…` with the
-/// CA as `--verify` runs a job through ray-dashd serving HTTPS.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ray_job_submit_over_https() {
-    let python = ray_python();
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().expect("tempdir");
-    ca.issue(dir.path(), "dashboard");
-    std::fs::write(dir.path().join("ca.pem"), &ca.pem).expect("write CA");
-    let head = RayHead::start(&python);
-    let d = hosting(&head, &python, free_port(), "")
-        .env("RAY_DASHD_TLS_CERT", &path(dir.path(), "cert.pem"))
-        .env("RAY_DASHD_TLS_KEY", &path(dir.path(), "key.pem"))
-        .https(&ca.pem)
-        .start();
-    ray_module_healthy(&d, &d.client(), "JobHead").await;
-    let address = d.url("");
-    assert!(address.starts_with("https://"), "{address}");
-    let ca_file = path(dir.path(), "ca.pem");
-    submit_six_times_seven(&head, &d, &address, &["--verify", &ca_file]);
-    assert_eq!(
-        dashboard_key(&head, &d).await,
-        format!("https://{}", d.addr())
-    );
 }

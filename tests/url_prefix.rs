@@ -1,18 +1,14 @@
 //! `--url-prefix`: everything (the host's API and UI, module routes of
 //! each kind, websockets) answered under the prefix and nothing outside
-//! it, redirects pointed back under it, and bad prefixes refused; against
-//! a real Ray head, `ray job submit` with the prefix in its address.
+//! it, redirects pointed back under it, and bad prefixes refused. With Ray's
+//! CLI: `ray_serving.rs`.
 
 use std::process::Command;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::{self, Message};
 
-use crate::ray_head::{
-    free_port, hosting, ray_module_healthy, ray_python, submit_six_times_seven, RayHead,
-};
 use crate::support::{client, dashd, test_module, WAIT};
-use crate::tls::dashboard_key;
 
 const PREFIX: &str = "/ray/dash-1";
 
@@ -136,32 +132,4 @@ fn bad_prefixes_are_refused() {
         assert!(stderr.contains(": server.url_prefix: "), "{bad}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{bad}: {stderr}");
     }
-}
-
-/// Against a real Ray head: `ray job submit --address
-/// http://127.0.0.1:PORT/prefix` runs a job through ray-dashd, and Ray's
-/// own web UI answers under the prefix.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ray_job_submit_under_a_prefix() {
-    let python = ray_python();
-    let head = RayHead::start(&python);
-    let d = hosting(&head, &python, free_port(), "")
-        .arg("--url-prefix")
-        .arg(PREFIX)
-        .prefixed(PREFIX)
-        .start();
-    ray_module_healthy(&d, &d.client(), "JobHead").await;
-    let address = d.url("");
-    submit_six_times_seven(&head, &d, &address, &[]);
-    let version = d
-        .client()
-        .get(d.url("/api/version"))
-        .send()
-        .await
-        .expect("GET /api/version");
-    assert_eq!(version.status(), 200);
-    assert_eq!(
-        dashboard_key(&head, &d).await,
-        format!("{}{PREFIX}", d.addr())
-    );
 }

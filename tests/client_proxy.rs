@@ -49,20 +49,6 @@ const MODULE: &str = "ray_client_proxy";
 /// A gRPC message's prefix: a compressed flag and a 4-byte length.
 const PREFIX: usize = 5;
 
-/// A block of `n` server ports for one test, so tests running at once
-/// rarely share (the pool skips ports someone else holds anyway). Above the
-/// kernel's ephemeral range (32768–60999), so that no outgoing connection
-/// takes a port between the pool's check and the server's bind. Blocks
-/// 0–19 hold up to 25 ports each; the one large block, 20, the rest.
-fn port_block(index: u16, n: u16) -> String {
-    assert!(
-        index >= 20 || n <= 25,
-        "block {index} holds at most 25 ports"
-    );
-    let first = 61_000 + index * 150 + (std::process::id() % 6) as u16 * 25;
-    format!("{first}-{}", first + n - 1)
-}
-
 struct Setup {
     ports: String,
     warm_spare: bool,
@@ -72,9 +58,12 @@ struct Setup {
     args: Vec<String>,
 }
 
-fn setup(ports: String) -> Setup {
+/// The proxy module with fake servers, each on a port the kernel picks
+/// (`--port-range auto`), so that tests running at once (and any other
+/// process on the machine) never compete for a hand-picked block.
+fn setup() -> Setup {
     Setup {
-        ports,
+        ports: "auto".into(),
         warm_spare: false,
         gcs: None,
         env: vec![],
@@ -84,6 +73,12 @@ fn setup(ports: String) -> Setup {
 }
 
 impl Setup {
+    /// Server ports from `range` (FIRST-LAST) instead of the kernel.
+    fn ports(mut self, range: String) -> Self {
+        self.ports = range;
+        self
+    }
+
     /// One more argument for the proxy module.
     fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.into());
@@ -342,7 +337,7 @@ async fn entry(d: &Dashd, id: &str) -> Option<Value> {
 /// and 12 MiB put/get cross intact; the log stream reaches the right server.
 #[tokio::test]
 async fn forwards_each_clients_calls_to_its_own_server() {
-    let (d, port) = setup(port_block(0, 20)).start().await;
+    let (d, port) = setup().start().await;
     let mut a = TestClient::connect(port, "client-a", 30).await;
     let b = TestClient::connect(port, "client-b", 30).await;
     assert_eq!(
@@ -353,6 +348,7 @@ async fn forwards_each_clients_calls_to_its_own_server() {
 
     let (who_a, who_b) = (a.whoami().await, b.whoami().await);
     assert_ne!(who_a["port"], who_b["port"], "two clients share a server");
+    assert_eq!(clients_view(&d).await["server_ports"], "auto");
     assert_eq!(who_a["metadata"]["client_id"], "client-a");
     assert_eq!(
         who_a["metadata"]["x-test"], "forwarded",
@@ -446,7 +442,7 @@ async fn forwards_each_clients_calls_to_its_own_server() {
 /// as with Ray's own proxier.
 #[tokio::test]
 async fn token_mode_refuses_calls_without_the_token() {
-    let (_d, port) = setup(port_block(8, 10))
+    let (_d, port) = setup()
         .env("RAY_AUTH_MODE", "token")
         .env("RAY_AUTH_TOKEN", "proxy-test-token")
         .start()
@@ -486,7 +482,7 @@ async fn token_mode_refuses_calls_without_the_token() {
 /// The reference's edge answers.
 #[tokio::test]
 async fn answers_edge_cases_like_rays_proxier() {
-    let (_d, port) = setup(port_block(1, 10)).start().await;
+    let (_d, port) = setup().start().await;
     let channel = channel(port).await;
 
     let (_tx, rx) = mpsc::channel::<DataRequest>(1);
@@ -536,7 +532,7 @@ async fn answers_edge_cases_like_rays_proxier() {
 /// port goes back to the pool.
 #[tokio::test]
 async fn reconnect_resumes_and_cleanup_frees_server_and_port() {
-    let (d, port) = setup(port_block(2, 10)).start().await;
+    let (d, port) = setup().start().await;
     let c = TestClient::connect(port, "roamer", 30).await;
     let before = c.whoami().await;
     let pid = before["pid"].as_u64().expect("pid") as u32;
@@ -586,7 +582,7 @@ async fn reconnect_resumes_and_cleanup_frees_server_and_port() {
 /// a server that dies gives its port back at once.
 #[tokio::test]
 async fn grace_expiry_and_server_death_free_ports() {
-    let (d, port) = setup(port_block(3, 10)).start().await;
+    let (d, port) = setup().start().await;
     let short = TestClient::connect(port, "short-grace", 1).await;
     let pid = short.whoami().await["pid"].as_u64().expect("pid") as u32;
     drop(short);
@@ -616,14 +612,88 @@ async fn grace_expiry_and_server_death_free_ports() {
     TestClient::connect(port, "after", 30).await;
 }
 
+/// `n` consecutive loopback ports, each bound by the returned listeners so
+/// that they stay free until the test lets them go: a block above the
+/// kernel's ephemeral range (so that no outgoing connection takes a port
+/// once it is let go), found by binding it, the search starting at an
+/// offset the kernel picks (a port of its own) so that tests running at
+/// once start apart. Never a hand-picked block.
+fn held_port_range(n: u16) -> Vec<std::net::TcpListener> {
+    let ephemeral_end: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(60_999);
+    let first = ephemeral_end
+        .checked_add(1)
+        .expect("room above the ephemeral range");
+    let span = (u16::MAX - first)
+        .checked_sub(n)
+        .expect("room above the ephemeral range")
+        + 1;
+    let seed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port from the kernel")
+        .port();
+    (0..span)
+        .map(|i| first + (seed.wrapping_add(i)) % span)
+        .find_map(|base| {
+            (base..base + n)
+                .map(|port| std::net::TcpListener::bind(("127.0.0.1", port)).ok())
+                .collect::<Option<Vec<_>>>()
+        })
+        .expect("a block of free ports above the ephemeral range")
+}
+
+/// Range mode (the default, Ray's): ports come from the top of the range
+/// down, a port someone else holds is skipped, and a client that finds
+/// every port in use is told so in its init answer.
+#[tokio::test]
+async fn a_port_range_skips_held_ports_and_says_when_used_up() {
+    let mut held = held_port_range(3);
+    let port_of = |l: &std::net::TcpListener| l.local_addr().expect("addr").port();
+    let (first, last) = (port_of(&held[0]), port_of(&held[2]));
+    // The top port stays held by the test; the two below are let go for
+    // the pool.
+    let stranger = held.pop().expect("the top port");
+    drop(held);
+    let (d, port) = setup().ports(format!("{first}-{last}")).start().await;
+    assert_eq!(
+        clients_view(&d).await["server_ports"],
+        format!("{first}-{last}")
+    );
+    let a = TestClient::connect(port, "range-a", 30).await;
+    let b = TestClient::connect(port, "range-b", 30).await;
+    let ports = [
+        a.whoami().await["port"].clone(),
+        b.whoami().await["port"].clone(),
+    ];
+    assert_eq!(
+        ports,
+        [first + 1, first].map(serde_json::Value::from),
+        "not from the top down, skipping the held port {last}"
+    );
+    let mut c = TestClient::open(channel(port).await, "range-c", false)
+        .await
+        .expect("opens");
+    let answer = c.init(30).await;
+    let Some(data_response::Type::Init(init)) = answer.r#type else {
+        panic!("not an init answer: {answer:?}")
+    };
+    assert!(!init.ok, "a server with every port in use");
+    assert!(
+        init.msg
+            .contains(&format!("no free port in {first}-{last}")),
+        "{}",
+        init.msg
+    );
+    drop(stranger);
+}
+
 /// A server that cannot start: the client's init answer says so and names
 /// the log file to read; nothing hangs and the port is returned.
 #[tokio::test]
 async fn failed_server_start_is_reported_in_the_init_answer() {
-    let (d, port) = setup(port_block(4, 10))
-        .env("FAKE_SERVER_FAIL", "1")
-        .start()
-        .await;
+    let (d, port) = setup().env("FAKE_SERVER_FAIL", "1").start().await;
     let mut c = TestClient::open(channel(port).await, "unlucky", false)
         .await
         .expect("opens");
@@ -748,10 +818,7 @@ async fn kv_calls_before_a_server_exists_go_to_the_gcs() {
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
     let gcs_task = tokio::spawn(server);
 
-    let (_d, port) = setup(port_block(5, 10))
-        .gcs(gcs_addr.to_string())
-        .start()
-        .await;
+    let (_d, port) = setup().gcs(gcs_addr.to_string()).start().await;
     let channel = channel(port).await;
     let mut driver = RayletDriverClient::new(channel.clone());
     let uri = "gcs://_ray_pkg_0123.zip".to_owned();
@@ -835,7 +902,7 @@ async fn kv_calls_before_a_server_exists_go_to_the_gcs() {
 /// it, and clients can connect again.
 #[tokio::test]
 async fn proxy_killed_is_restarted_and_its_servers_do_not_outlive_it() {
-    let (d, port) = setup(port_block(6, 10)).spare().start().await;
+    let (d, port) = setup().spare().start().await;
     let c = TestClient::connect(port, "before", 30).await;
     let server_pid = c.whoami().await["pid"].as_u64().expect("pid") as u32;
     let spare_ready = eventually(WAIT, || async {
@@ -860,8 +927,7 @@ async fn proxy_killed_is_restarted_and_its_servers_do_not_outlive_it() {
 /// minute, and a client that comes later gets it.
 #[tokio::test]
 async fn the_spare_server_does_not_idle_out() {
-    // Block 12 is shared: this test takes its first 5 ports.
-    let (d, port) = setup(port_block(12, 5))
+    let (d, port) = setup()
         .spare()
         .env("TIMEOUT_FOR_SPECIFIC_SERVER_S", "1")
         .start()
@@ -896,16 +962,7 @@ async fn the_spare_server_does_not_idle_out() {
 /// for a client already forgotten is stopped and its port freed.
 #[tokio::test]
 async fn a_client_gone_while_its_server_starts_leaves_no_server() {
-    // The last 5 ports of block 12.
-    let block = port_block(12, 10);
-    let first: u16 = block
-        .split_once('-')
-        .and_then(|(first, _)| first.parse().ok())
-        .expect("a port range");
-    let (d, port) = setup(format!("{}-{}", first + 5, first + 9))
-        .env("FAKE_SERVER_DELAY_MS", "1500")
-        .start()
-        .await;
+    let (d, port) = setup().env("FAKE_SERVER_DELAY_MS", "1500").start().await;
     let c = TestClient::open(channel(port).await, "hasty", false)
         .await
         .expect("data stream opens");
@@ -953,7 +1010,7 @@ echo "$p" > "$dir/port.new" && mv "$dir/port.new" "$dir/port"
 i=0; while [ ! -e "$dir/go_$p" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
 exec "$fake" "$@""#;
     let dir_arg = dir.path().display().to_string();
-    let (d, port) = setup(port_block(10, 5))
+    let (d, port) = setup()
         .server_command(&["/bin/sh", "-c", script, &dir_arg, &fake])
         .env("FAKE_SERVER_REUSEPORT", "1")
         .start()
@@ -1024,7 +1081,7 @@ i=0; while [ ! -e "$dir/go_$p" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); d
 if [ -e "$dir/hang_$p" ]; then i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; exit 1; fi
 exec "$fake" "$@""#;
     let dir_arg = dir.path().display().to_string();
-    let (d, port) = setup(port_block(13, 5))
+    let (d, port) = setup()
         .server_command(&["/bin/sh", "-c", script, &dir_arg, &fake])
         .start()
         .await;
@@ -1102,7 +1159,6 @@ async fn a_taken_client_port_is_reported_plainly() {
         .join("ray-dashd-fake-client-server")
         .display()
         .to_string();
-    let ports = port_block(7, 5);
     let d = dashd()
         .module(
             command_module(
@@ -1114,7 +1170,7 @@ async fn a_taken_client_port_is_reported_plainly() {
                     "--server-command",
                     &fake,
                     "--port-range",
-                    &ports,
+                    "auto",
                 ],
             )
             .supervision("startup_timeout_secs", "2"),
@@ -1190,7 +1246,7 @@ async fn a_taken_client_port_is_reported_plainly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_concurrent_clients() {
     const CLIENTS: usize = 500;
-    let (d, port) = setup(port_block(20, 600)).start().await;
+    let (d, port) = setup().start().await;
     let proxy_pid = d.module(MODULE).await["pid"].as_u64().expect("pid") as u32;
     let rss_before = crate::support::rss_kib(proxy_pid);
     let mut tasks = tokio::task::JoinSet::new();
@@ -1413,13 +1469,13 @@ struct ControlledSetup {
     _dir: tempfile::TempDir,
 }
 
-async fn controlled_setup(ports: String, id: &str, args: &[&str]) -> ControlledSetup {
+async fn controlled_setup(id: &str, args: &[&str]) -> ControlledSetup {
     let dir = tempfile::tempdir().expect("temp dir");
     let marker = dir.path().join("port");
     let marker_arg = marker.display().to_string();
     let script = r#"for a; do case "$a" in --port=*) echo "${a#--port=}" > "$0.new" && mv "$0.new" "$0";; esac; done; exec sleep 600"#;
     // The test's relay, not the server's process, listens on the port.
-    let mut proxy = setup(ports)
+    let mut proxy = setup()
         .server_command(&["/bin/sh", "-c", script, &marker_arg])
         .arg("--own-listener")
         .arg("false");
@@ -1509,7 +1565,7 @@ async fn driver_calls_pass_through_and_a_server_death_mid_answer_is_unavailable(
         link,
         client_channel,
         ..
-    } = controlled_setup(port_block(11, 10), "mortal", &[]).await;
+    } = controlled_setup("mortal", &[]).await;
 
     // A unary call that goes through untouched, metadata both ways.
     let put = KvPutRequest {
@@ -1608,7 +1664,7 @@ async fn driver_calls_pass_through_and_a_server_death_mid_answer_is_unavailable(
 /// than waiting for ever.
 #[tokio::test]
 async fn a_hung_server_fails_its_calls_with_unavailable() {
-    let setup = controlled_setup(port_block(14, 10), "stuck", &["--server-ping", "1s"]).await;
+    let setup = controlled_setup("stuck", &["--server-ping", "1s"]).await;
     let mut chunks = half_answered_get(&setup.client_channel, "stuck").await;
     setup
         .frozen

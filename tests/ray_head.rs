@@ -398,6 +398,9 @@ pub(crate) fn hosting(
         .env("RAY_AUTH_TOKEN", &token())
         // Ray's dashboard metrics port, one per test.
         .env("DASHBOARD_METRIC_PORT", &free_port().to_string())
+        // The client proxy's servers on ports the kernel picks, not
+        // 23000-23999 (which Ray's own proxier and other runs share).
+        .env("RAY_DASHD_CLIENT_PROXY_PORT_RANGE", "auto")
 }
 
 /// Waits, within [`RAY_WAIT`], until module `name` of `d` is healthy,
@@ -526,6 +529,17 @@ async fn ray_cli_works_through_ray_dashd() {
     );
     // With Ray's modules comes the Ray Client proxy.
     ray_module_healthy(&d, &authed(), "ray_client_proxy").await;
+    // Its servers' ports come from the kernel: `hosting` sets
+    // RAY_DASHD_CLIENT_PROXY_PORT_RANGE=auto, which reaches the module.
+    let proxy_view: Value = authed()
+        .get(d.url("/api/client_proxy/clients"))
+        .send()
+        .await
+        .expect("clients")
+        .json()
+        .await
+        .expect("clients json");
+    assert_eq!(proxy_view["server_ports"], "auto", "{proxy_view}");
     let address = d.url("");
 
     let submitted = submit_six_times_seven(&head, &d, &address, &[]);

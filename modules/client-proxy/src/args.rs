@@ -33,9 +33,17 @@ pub struct Args {
     /// ray.util.client.server`, as Ray starts it.
     #[arg(long = "server-command", allow_hyphen_values = true)]
     pub server_command: Vec<String>,
-    /// Ports the servers listen on.
-    #[arg(long, default_value = "23000-23999", value_parser = parse_range)]
-    pub port_range: RangeInclusive<u16>,
+    /// Ports the servers listen on: FIRST-LAST (taken from the top down,
+    /// skipping ports someone holds), or `auto` (also `0`) for a free port
+    /// the kernel picks for each server (from its ephemeral range). The
+    /// environment variable reaches the proxy ray-dashd hosts.
+    #[arg(
+        long,
+        env = "RAY_DASHD_CLIENT_PROXY_PORT_RANGE",
+        default_value = "23000-23999",
+        value_parser = parse_port_source
+    )]
+    pub port_range: PortSource,
     /// Keep one server started ahead of need, so that a client without a
     /// runtime env connects at once.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -64,6 +72,33 @@ pub struct Args {
     pub log_dir: Option<PathBuf>,
 }
 
+/// Where the servers' ports come from (`--port-range`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortSource {
+    /// The ports of a range, as Ray's proxier takes them (23000–23999).
+    Range(RangeInclusive<u16>),
+    /// A free port the kernel picks (a bind of port 0) for each server.
+    Auto,
+}
+
+impl std::fmt::Display for PortSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PortSource::Range(range) => write!(f, "{}-{}", range.start(), range.end()),
+            PortSource::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+fn parse_port_source(text: &str) -> Result<PortSource, String> {
+    match text.trim() {
+        "auto" | "0" => Ok(PortSource::Auto),
+        range => parse_range(range)
+            .map(PortSource::Range)
+            .map_err(|e| format!("{e} (or auto)")),
+    }
+}
+
 fn parse_range(text: &str) -> Result<RangeInclusive<u16>, String> {
     let (first, last) = text
         .split_once('-')
@@ -90,7 +125,7 @@ mod tests {
     fn defaults_are_rays() {
         let args = Args::parse_from(["ray-dashd-client-proxy"]);
         assert_eq!(args.port, 10001);
-        assert_eq!(args.port_range, 23000..=23999);
+        assert_eq!(args.port_range, PortSource::Range(23000..=23999));
         assert!(args.warm_spare);
         assert_eq!(args.server_ready_timeout, Duration::from_secs(30));
     }
@@ -109,10 +144,25 @@ mod tests {
             "false",
         ]);
         assert_eq!(args.server_command, ["python3", "-m"]);
-        assert_eq!(args.port_range, 40000..=40009);
+        assert_eq!(args.port_range, PortSource::Range(40000..=40009));
         assert!(!args.warm_spare);
         assert!(parse_range("9-3").is_err());
         assert!(parse_range("0-3").is_err());
         assert!(parse_range("3").is_err());
+    }
+
+    #[test]
+    fn auto_or_zero_asks_the_kernel_and_prints_back() {
+        for word in ["auto", "0"] {
+            let args = Args::parse_from(["x", "--port-range", word]);
+            assert_eq!(args.port_range, PortSource::Auto);
+        }
+        assert_eq!(PortSource::Auto.to_string(), "auto");
+        assert_eq!(
+            parse_port_source("40000-40009").map(|s| s.to_string()),
+            Ok("40000-40009".to_owned())
+        );
+        let bad = parse_port_source("automatic").expect_err("not a source");
+        assert!(bad.contains("or auto"), "{bad}");
     }
 }

@@ -97,6 +97,7 @@ async fn clients(State(state): State<HttpState>) -> Json<serde_json::Value> {
         "gcs_address": proxy.gcs.as_ref().map(|g| g.address().to_owned()),
         "num_clients": proxy.num_clients(),
         "ports_in_use": proxy.launcher.ports().in_use(),
+        "server_ports": proxy.launcher.ports().source(),
         "warm_spare": proxy.settings.warm_spare,
         "spare_ready": proxy.spare_ready(),
         "spare_pid": proxy.spare_pid(),

@@ -141,7 +141,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.server_command.clone()
     };
-    info!(command = ?argv, ports = ?args.port_range, "Ray client servers");
+    info!(command = ?argv, ports = %args.port_range, "Ray client servers");
 
     let pid_file =
         Arc::new(PidFile::new(env.session_dir.as_ref().map(|s| {
@@ -165,7 +165,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             tls: tls.clone(),
             own_listener: args.own_listener,
         },
-        Arc::new(PortPool::new(args.port_range.clone())),
+        Arc::new(PortPool::from_source(&args.port_range)),
         pid_file,
     );
     let settings = Settings {

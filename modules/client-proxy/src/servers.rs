@@ -1,7 +1,7 @@
 //! Specific servers: the Ray client server process each client gets.
 //!
 //! A server is started the way Ray starts one (same flags), on a port taken
-//! from the pool, with its output in `<logs>/ray_client_server_<port>.out`
+//! from the pool (a range's, or one the kernel picks), with its output in `<logs>/ray_client_server_<port>.out`
 //! and `.err`. One task per server waits on the process: the moment it exits
 //! it is reaped and its port goes back to the pool. Servers get SIGKILL from
 //! the kernel when the proxy dies (parent-death signal), and their pids are
@@ -70,6 +70,12 @@ pub enum ServerError {
         first: u16,
         /// Last port of the pool.
         last: u16,
+    },
+    /// The kernel gave no port (`--port-range auto`).
+    #[error("the kernel gave no free port for a Ray client server: {reason}")]
+    NoKernelPort {
+        /// Why.
+        reason: String,
     },
     /// The process could not be started.
     #[error("cannot start the Ray client server ({program}): {reason}")]

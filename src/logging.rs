@@ -21,18 +21,19 @@ use tracing_subscriber::{fmt, EnvFilter, Layer};
 use crate::session::Session;
 
 /// Lines queued for the log file's writer thread. The queue is allocated
-/// whole up front (the crate's default, 128k lines, costs 4 MiB of RSS);
-/// when the disk falls this far behind, lines are dropped rather than the
-/// server blocked.
-const FILE_QUEUE_LINES: usize = 8 * 1024;
+/// whole up front, 32 bytes a line whether used or not (the crate's
+/// default, 128k lines, costs 4 MiB of RSS; 8k lines cost 256 KiB). At
+/// info level the host writes a few lines per module event, so 2k lines
+/// outlast any disk stall short of one that no queue would; past them
+/// lines are dropped and counted rather than the server blocked.
+const FILE_QUEUE_LINES: usize = 2 * 1024;
 
 /// Lines queued for stderr's writer thread, beyond the 64 KiB a pipe holds
 /// (some 300 lines at info level). Half the file's: the file is the record
 /// and stderr a copy, and a reader of stderr (a wrapper, `docker logs`,
 /// journald) that stalls for longer than a burst does not come back in time
-/// for any queue. A full queue also holds its lines' bytes: about 1 MiB at
-/// info level.
-const STDERR_QUEUE_LINES: usize = 4 * 1024;
+/// for any queue.
+const STDERR_QUEUE_LINES: usize = 1024;
 
 /// How often the drop counts are looked at. Also the most a writer that
 /// keeps dropping lines adds to the other: one notice per interval.

@@ -170,6 +170,11 @@ impl RotatingFile {
 pub fn pump(mut pipe: File, mut file: RotatingFile) -> io::Result<()> {
     /// Small: the thread only reads a pipe and writes a file.
     const STACK_BYTES: usize = 64 * 1024;
+    /// On the thread's stack, so that the thread allocates nothing (glibc
+    /// would give it a heap arena of its own) and costs one module's
+    /// output no more than 16 KiB of resident memory; a pipe read returns
+    /// what is there, so a bigger buffer only saves syscalls in a flood.
+    const BUF_BYTES: usize = 16 * 1024;
     let name = format!("log-{}", file.name);
     let running = Running::start();
     std::thread::Builder::new()
@@ -177,7 +182,7 @@ pub fn pump(mut pipe: File, mut file: RotatingFile) -> io::Result<()> {
         .stack_size(STACK_BYTES)
         .spawn(move || {
             let _running = running;
-            let mut buf = vec![0u8; 64 * 1024];
+            let mut buf = [0u8; BUF_BYTES];
             // Said once per failing spell (a full disk fails every write).
             let mut failing = false;
             loop {

@@ -547,65 +547,15 @@ async fn ray_cli_works_through_ray_dashd() {
     assert!(out.contains("succeeded"), "{out}");
     let id = submission_id(&submitted);
 
-    // A working_dir is uploaded through the package routes before the job runs.
+    // The CLI calls below do not depend on each other, and each spends
+    // seconds importing Ray or waiting on a job: they run side by side.
     let work = tempfile::tempdir().expect("working dir");
     std::fs::write(
         work.path().join("greeting.txt"),
         "hello from the working dir",
     )
     .expect("write");
-    let uploaded = head.cli(&[
-        "job",
-        "submit",
-        "--address",
-        &address,
-        "--working-dir",
-        &work.path().display().to_string(),
-        "--",
-        "python",
-        "-c",
-        "print(open('greeting.txt').read())",
-    ]);
-    assert!(uploaded.status.success(), "{}", text(&uploaded));
-    assert!(
-        text(&uploaded).contains("hello from the working dir"),
-        "{}",
-        text(&uploaded)
-    );
-
-    // `ray job logs --follow` tails a running job over the websocket route
-    // and ends when the job does.
-    let running = head.submit_no_wait(
-        &address,
-        "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(1)",
-    );
-    let followed = head.cli(&["job", "logs", "--address", &address, "--follow", &running]);
-    assert!(followed.status.success(), "{}", text(&followed));
-    for i in 0..4 {
-        assert!(
-            text(&followed).contains(&format!("tick {i}")),
-            "{}",
-            text(&followed)
-        );
-    }
-
-    let summary = head.cli(&["summary", "tasks", "--address", &address]);
-    assert!(summary.status.success(), "{}", text(&summary));
-    assert!(
-        text(&summary).contains("Tasks Summary"),
-        "{}",
-        text(&summary)
-    );
-
-    let nodes = head.cli(&["list", "nodes", "--address", &address]);
-    assert!(nodes.status.success(), "{}", text(&nodes));
-    assert!(text(&nodes).contains("ALIVE"), "{}", text(&nodes));
-
-    // `ray logs` finds the dashboard only through the GCS key.
-    let logs = head.cli(&["logs", "cluster", "--address", &head.gcs]);
-    assert!(logs.status.success(), "{}\nlog:\n{}", text(&logs), d.log());
-    assert!(text(&logs).contains("raylet.out"), "{}", text(&logs));
-    // A file's content comes through the stream route (`/api/v0/logs/file`).
+    let work_dir = work.path().display().to_string();
     let raylet_out = std::fs::read_to_string(head.session().join("logs/raylet.out"))
         .expect("the head's raylet.out");
     let last_line = raylet_out
@@ -614,16 +564,94 @@ async fn ray_cli_works_through_ray_dashd() {
         .find(|l| !l.trim().is_empty())
         .expect("raylet.out has a line")
         .to_owned();
-    let content = head.cli(&["logs", "cluster", "raylet.out", "--address", &head.gcs]);
+    let (uploaded, followed, summary, nodes, logs, content, status) = std::thread::scope(|s| {
+        let cli = |args: Vec<&'static str>, owned: Vec<String>| {
+            let head = &head;
+            s.spawn(move || {
+                let mut all: Vec<&str> = args;
+                all.extend(owned.iter().map(String::as_str));
+                head.cli(&all)
+            })
+        };
+        // A working_dir is uploaded through the package routes before the
+        // job runs.
+        let uploaded = cli(
+            vec!["job", "submit"],
+            vec![
+                "--address".into(),
+                address.clone(),
+                "--working-dir".into(),
+                work_dir.clone(),
+                "--".into(),
+                "python".into(),
+                "-c".into(),
+                "print(open('greeting.txt').read())".into(),
+            ],
+        );
+        // `ray job logs --follow` tails a running job over the websocket
+        // route and ends when the job does.
+        let followed = s.spawn(|| {
+            let running = head.submit_no_wait(
+                &address,
+                "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(1)",
+            );
+            head.cli(&["job", "logs", "--address", &address, "--follow", &running])
+        });
+        let summary = cli(vec!["summary", "tasks", "--address"], vec![address.clone()]);
+        let nodes = cli(vec!["list", "nodes", "--address"], vec![address.clone()]);
+        // `ray logs` finds the dashboard only through the GCS key; a file's
+        // content comes through the stream route (`/api/v0/logs/file`).
+        let logs = cli(vec!["logs", "cluster", "--address"], vec![head.gcs.clone()]);
+        let content = cli(
+            vec!["logs", "cluster", "raylet.out", "--address"],
+            vec![head.gcs.clone()],
+        );
+        let status = cli(
+            vec!["job", "status", "--address"],
+            vec![address.clone(), id.clone()],
+        );
+        let join = |h: std::thread::ScopedJoinHandle<'_, Output>| h.join().expect("CLI thread");
+        (
+            join(uploaded),
+            join(followed),
+            join(summary),
+            join(nodes),
+            join(logs),
+            join(content),
+            join(status),
+        )
+    });
+    assert!(uploaded.status.success(), "{}", text(&uploaded));
+    assert!(
+        text(&uploaded).contains("hello from the working dir"),
+        "{}",
+        text(&uploaded)
+    );
+    assert!(followed.status.success(), "{}", text(&followed));
+    for i in 0..4 {
+        assert!(
+            text(&followed).contains(&format!("tick {i}")),
+            "{}",
+            text(&followed)
+        );
+    }
+    assert!(summary.status.success(), "{}", text(&summary));
+    assert!(
+        text(&summary).contains("Tasks Summary"),
+        "{}",
+        text(&summary)
+    );
+    assert!(nodes.status.success(), "{}", text(&nodes));
+    assert!(text(&nodes).contains("ALIVE"), "{}", text(&nodes));
+    assert!(logs.status.success(), "{}\nlog:\n{}", text(&logs), d.log());
+    assert!(text(&logs).contains("raylet.out"), "{}", text(&logs));
     assert!(content.status.success(), "{}", text(&content));
     assert!(
         text(&content).contains(&last_line),
         "{last_line:?} not in:\n{}",
         text(&content)
     );
-
     // `ray job status`, `stop` and `delete`.
-    let status = head.cli(&["job", "status", "--address", &address, &id]);
     assert!(status.status.success(), "{}", text(&status));
     assert!(
         text(&status).contains(&format!("Job '{id}' succeeded")),

@@ -217,9 +217,17 @@ async fn ray_client_works_through_the_proxy() {
     assert_eq!(basics["num_clients"], 1, "{basics}");
     eprintln!("connect with a warm spare: {} s", basics["connect_s"]);
 
-    let env_vars = run_driver(&head, &python, &address, "env_vars");
+    // Two clients with runtime environments, side by side (each driver
+    // spends seconds importing Ray and setting up its environment).
+    let (env_vars, working_dir) = std::thread::scope(|s| {
+        let env_vars = s.spawn(|| run_driver(&head, &python, &address, "env_vars"));
+        let working_dir = s.spawn(|| run_driver(&head, &python, &address, "working_dir"));
+        (
+            env_vars.join().expect("env_vars driver"),
+            working_dir.join().expect("working_dir driver"),
+        )
+    });
     assert_eq!(env_vars["env_var"], "through-the-proxy", "{env_vars}");
-    let working_dir = run_driver(&head, &python, &address, "working_dir");
     assert_eq!(
         working_dir["working_dir"], "from the working dir",
         "{working_dir}"

@@ -46,7 +46,7 @@ if [[ "$BUILD" == 1 ]]; then
     log "cargo build --release ${packages[*]}"
     (cd "$ROOT" && cargo build --release "${packages[@]}") >&2
 fi
-DASHD_BIN=$ROOT/target/release/ray-dashd
+DASHD_BIN=${BENCH_DASHD_BIN:-$ROOT/target/release/ray-dashd}   # another build of ray-dashd, for A/B runs
 LOADGEN=$ROOT/target/release/ray-dashd-bench
 TEST_MODULE=$ROOT/target/release/ray-dashd-test-module
 [[ -x "$DASHD_BIN" && -x "$LOADGEN" ]] || die "release binaries missing; run with BENCH_BUILD=1"

@@ -52,15 +52,29 @@ pub(crate) fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
     proc::status_kib(pid, key).with_context(|| format!("/proc/{pid}/status: no {key} line"))
 }
 
-/// `{vmhwm_kib, vmrss_kib, pids}` summed over `pids`.
+/// `{vmhwm_kib, vmrss_kib, rssanon_kib, rssfile_kib, pids}` summed over
+/// `pids`. `RssAnon` is the memory the processes own; `RssFile` is mostly
+/// the executable's pages, shared with the page cache and every process
+/// running the same file, and as large as the kernel's fault-around makes
+/// it (up to 64 KiB mapped around each page of code touched).
 pub(crate) fn rss_json(pids: &[u32]) -> anyhow::Result<serde_json::Value> {
     let mut hwm = 0;
     let mut rss = 0;
+    let mut anon = 0;
+    let mut file = 0;
     for &pid in pids {
         hwm += status_kib(pid, "VmHWM")?;
         rss += status_kib(pid, "VmRSS")?;
+        anon += status_kib(pid, "RssAnon")?;
+        file += status_kib(pid, "RssFile")?;
     }
-    Ok(json!({ "vmhwm_kib": hwm, "vmrss_kib": rss, "pids": pids }))
+    Ok(json!({
+        "vmhwm_kib": hwm,
+        "vmrss_kib": rss,
+        "rssanon_kib": anon,
+        "rssfile_kib": file,
+        "pids": pids,
+    }))
 }
 
 /// Whether `pid` is gone or a zombie (dead, not yet reaped).

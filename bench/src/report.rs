@@ -259,16 +259,20 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
     }
     // The kernel's VmHWM is kept lazily (it can read a little lower than an
     // earlier VmRSS-based reading), so the peak is the largest of all samples.
-    let mut rss = TARGETS.map(|t| {
-        r.0.iter()
-            .filter(|v| {
-                v["target"] == t && v["kind"].as_str().is_some_and(|k| k.starts_with("rss"))
-            })
-            .filter_map(|v| v["result"]["vmhwm_kib"].as_f64())
-            .reduce(f64::max)
-            .map(|k| k / 1024.0)
-    });
-    rss[0] = None;
+    let largest = |field: &str| {
+        let mut values = TARGETS.map(|t| {
+            r.0.iter()
+                .filter(|v| {
+                    v["target"] == t && v["kind"].as_str().is_some_and(|k| k.starts_with("rss"))
+                })
+                .filter_map(|v| v["result"][field].as_f64())
+                .reduce(f64::max)
+                .map(|k| k / 1024.0)
+        });
+        values[0] = None;
+        values
+    };
+    let rss = largest("vmhwm_kib");
     rows.push(Row {
         metric: "proxy peak RSS MiB (VmHWM)".to_owned(),
         values: rss,
@@ -276,6 +280,14 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
         decimals: 1,
         goal: Goal::ValueAtMost(13.0),
         goal_text: "≤ 13 MiB",
+    });
+    rows.push(Row {
+        metric: "proxy private RSS MiB (RssAnon, largest reading)".to_owned(),
+        values: largest("rssanon_kib"),
+        ratios: false,
+        decimals: 2,
+        goal: Goal::None,
+        goal_text: "",
     });
     let mut kill = per_target("kill", None, "ms_to_200");
     kill[0] = None;
@@ -352,8 +364,13 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
     let peaks: Vec<String> = phases
         .iter()
         .filter_map(|(kind, when)| {
-            let kib = r.number(kind, "dashd", None, "vmhwm_kib")?;
-            Some(format!("{:.1} MiB {when}", kib / 1024.0))
+            let kib = |field| r.number(kind, "dashd", None, field).map(|k| k / 1024.0);
+            Some(format!(
+                "{:.1} MiB {when} (RssAnon {:.2}, RssFile {:.1})",
+                kib("vmhwm_kib")?,
+                kib("rssanon_kib").unwrap_or(f64::NAN),
+                kib("rssfile_kib").unwrap_or(f64::NAN),
+            ))
         })
         .collect();
     if !peaks.is_empty() {

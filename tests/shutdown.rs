@@ -75,16 +75,42 @@ async fn sigkill_of_host_leaves_no_module() {
     assert!(gone.is_some(), "modules outlived the host: {pids:?}");
 }
 
-/// After SIGTERM the port no longer accepts connections.
+/// After SIGTERM the port stops accepting at once, while the host is
+/// still alive draining a request in flight: a client is refused (and can
+/// go to another instance) rather than accepted and then cut.
 #[tokio::test]
-async fn stops_accepting_after_sigterm() {
+async fn stops_accepting_while_it_drains() {
     let mut d = dashd().module(test_module("a")).start();
     d.healthy("a", 0).await;
     let addr = d.addr();
+    let in_flight = tokio::spawn({
+        let url = d.url("/test/slow?ms=3000");
+        async move {
+            let response = client().get(url).send().await.expect("request");
+            (response.status(), response.text().await.expect("body"))
+        }
+    });
+    d.wait_in_flight(1).await;
     d.signal(Signal::SIGTERM);
-    d.wait_exit(WAIT);
-    let refused = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2));
-    assert!(refused.is_err());
+    let refused = eventually(WAIT, || async {
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "still accepting after SIGTERM");
+    // Refused by a host that is still there, finishing its request.
+    assert!(
+        !in_flight.is_finished(),
+        "the request ended before the check"
+    );
+    assert!(!process_gone(d.pid()), "the host exited before the check");
+    let (status, body) = tokio::time::timeout(WAIT, in_flight)
+        .await
+        .expect("answered")
+        .expect("task");
+    assert_eq!((status.as_u16(), body.as_str()), (200, "slow done"));
+    assert_eq!(d.wait_exit(WAIT).code(), Some(0), "log:\n{}", d.log());
 }
 
 /// SIGINT shuts down the same way as SIGTERM.

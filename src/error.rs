@@ -304,6 +304,13 @@ pub enum ApiError {
         /// The config error, naming the file, the field and the problem.
         message: String,
     },
+    /// A reload read a certificate or key that does not load; nothing
+    /// changed.
+    #[error("{message}; the certificate in use and the running config are kept")]
+    BadCertificate {
+        /// The TLS error, naming the setting and the file.
+        message: String,
+    },
     /// This host was started without a config source to read again.
     #[error("this ray-dashd cannot reload its config")]
     NoReload,
@@ -324,6 +331,10 @@ impl IntoResponse for ApiError {
             ApiError::BadConfig { .. } => (
                 StatusCode::BAD_REQUEST,
                 serde_json::json!({ "error": "Bad Config", "message": message }),
+            ),
+            ApiError::BadCertificate { .. } => (
+                StatusCode::BAD_REQUEST,
+                serde_json::json!({ "error": "Bad Certificate", "message": message }),
             ),
             ApiError::NoReload => (
                 StatusCode::NOT_IMPLEMENTED,

@@ -355,6 +355,7 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
             ray: ray.map(Arc::new),
             ray_status: Arc::new(ray_status),
             reloader,
+            tls: tls.clone(),
         },
         guard,
         token,

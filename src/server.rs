@@ -84,6 +84,9 @@ pub struct AppState {
     /// What `POST /api/reload` runs; `None` where there is nothing to read
     /// again.
     pub reloader: Option<Arc<Reloader>>,
+    /// The dashboard port's TLS, whose files `POST /api/reload` reads
+    /// again too; `None`: plain HTTP.
+    pub tls: Option<Arc<tls::ServerTls>>,
 }
 
 /// The host's routes ([`HOST_ROUTES`]), with the proxy (then the UI)
@@ -513,6 +516,7 @@ mod tests {
                 ray_version: Some("2.60.0".to_owned()),
             }),
             reloader: None,
+            tls: None,
         })
     }
 

@@ -335,3 +335,38 @@ pub(crate) async fn dashboard_key(head: &RayHead, d: &Dashd) -> String {
     assert!(out.status.success(), "{}", text(&out));
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
+
+/// `POST /api/reload` does what SIGHUP does for the certificate too; a
+/// certificate that does not load is 400 and changes nothing.
+#[tokio::test]
+async fn a_reload_request_serves_the_new_certificate() {
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = ca.issue(dir.path(), "first");
+    let d = https_dashd(&ca, dir.path());
+    assert_eq!(served_cert(d.addr(), &ca).await, first);
+
+    let second = ca.issue(dir.path(), "second");
+    let reloaded = d
+        .client()
+        .post(d.url("/api/reload"))
+        .send()
+        .await
+        .expect("POST /api/reload");
+    assert_eq!(reloaded.status(), 200);
+    let report: serde_json::Value = reloaded.json().await.expect("JSON");
+    assert_eq!(report["tls_certificate"], "reloaded", "{report}");
+    assert_eq!(served_cert(d.addr(), &ca).await, second);
+
+    std::fs::write(dir.path().join("cert.pem"), "broken\n").expect("write");
+    let refused = d
+        .client()
+        .post(d.url("/api/reload"))
+        .send()
+        .await
+        .expect("POST /api/reload");
+    assert_eq!(refused.status(), 400);
+    let body = refused.text().await.expect("body");
+    assert!(body.contains("Bad Certificate"), "{body}");
+    assert_eq!(served_cert(d.addr(), &ca).await, second);
+}

@@ -2,6 +2,7 @@
 //! module's restart, the host's status): one handler per [`ApiRoute`]. Its
 //! refusals are [`ApiError`]s, answered in one place.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -60,12 +61,31 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
-/// Reads the config again and applies its modules (see [`crate::reload`]);
-/// the report, or 400 naming what is wrong (nothing changed then).
+/// What SIGHUP does: reads the dashboard port's certificate and the config
+/// again and applies them (see [`crate::reload`]); the report, or 400
+/// naming what is wrong (nothing changed then).
 async fn reload(State(state): State<AppState>) -> Result<Response, ApiError> {
     // A page of another origin was refused by the guard before this ran.
     let Some(reloader) = &state.reloader else {
         return Err(ApiError::NoReload);
+    };
+    // The certificate is read first and served only once the config has
+    // been applied, so that a reload that fails changes nothing. Two small
+    // files, read off the runtime's threads.
+    let certificate = match &state.tls {
+        Some(tls) => {
+            let tls = Arc::clone(tls);
+            let read = tokio::task::spawn_blocking(move || tls.read_again().map(|c| (tls, c)))
+                .await
+                .map_err(|error| ApiError::BadCertificate {
+                    message: format!("the certificate could not be read: {error}"),
+                })?
+                .map_err(|error| ApiError::BadCertificate {
+                    message: error.to_string(),
+                })?;
+            Some(read)
+        }
+        None => None,
     };
     let report = reloader
         .reload()
@@ -73,6 +93,11 @@ async fn reload(State(state): State<AppState>) -> Result<Response, ApiError> {
         .map_err(|error| ApiError::BadConfig {
             message: error.to_string(),
         })?;
+    let mut report = serde_json::to_value(report).unwrap_or_default();
+    if let Some((tls, read)) = certificate {
+        tls.serve(read);
+        report["tls_certificate"] = "reloaded".into();
+    }
     Ok(([(header::CACHE_CONTROL, "no-store")], Json(report)).into_response())
 }
 

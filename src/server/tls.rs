@@ -49,6 +49,10 @@ this port speaks HTTPS: use https:// here\r\n";
 
 /// The dashboard port's TLS: the acceptor, and the certificate it
 /// presents, which [`ServerTls::reload`] replaces.
+/// A certificate and key read again, not yet served.
+#[derive(Debug)]
+pub struct ReadCertificate(CertifiedKey);
+
 pub struct ServerTls {
     files: TlsFiles,
     current: Arc<Current>,
@@ -95,17 +99,25 @@ impl ServerTls {
     /// Reads the files again and presents them to the connections made
     /// from now on; on an error (logged) the certificate in use is kept.
     pub fn reload(&self) -> Result<(), TlsError> {
-        match load(&self.files) {
-            Ok(key) => {
-                self.current.0.store(Arc::new(key));
-                info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
-                Ok(())
-            }
-            Err(error) => {
-                warn!(%error, "TLS certificate not reloaded; the one in use is kept");
-                Err(error)
-            }
-        }
+        let read = self.read_again()?;
+        self.serve(read);
+        Ok(())
+    }
+
+    /// Reads the files again, without serving them yet ([`ServerTls::serve`]),
+    /// so that a reload can check everything before it changes anything. An
+    /// error is logged.
+    pub fn read_again(&self) -> Result<ReadCertificate, TlsError> {
+        load(&self.files).map(ReadCertificate).map_err(|error| {
+            warn!(%error, "TLS certificate not reloaded; the one in use is kept");
+            error
+        })
+    }
+
+    /// Presents `read` to the connections made from now on.
+    pub fn serve(&self, read: ReadCertificate) {
+        self.current.0.store(Arc::new(read.0));
+        info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
     }
 
     /// The server handshake over `tcp` (wrapped by `wrap` once it is

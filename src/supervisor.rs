@@ -425,6 +425,7 @@ impl Supervisor {
             metrics: self.metrics.module(&spec.name, &spec.routes),
         });
         let task = ModuleTask {
+            spawner: spawn::Processes,
             shared: Arc::clone(&shared),
             session: self.session.clone(),
             controls: controls_rx,

@@ -19,10 +19,14 @@
 mod cgroup;
 mod containment;
 mod descendants;
+#[cfg(test)]
+mod fake_child;
 mod health;
 mod spawn;
 mod state;
 mod task;
+#[cfg(test)]
+mod tests;
 
 pub use cgroup::{run_warden, WARDEN_FLAG};
 pub use containment::contain;

@@ -564,4 +564,66 @@ mod tests {
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert!(body.contains("no route for"), "{body}");
     }
+
+    /// A module route whose module has no healthy incarnation (its command
+    /// is missing: it fails and backs off for ever) is answered 503 with
+    /// `Retry-After` and the module's name; an undeclared path next to it
+    /// is 404.
+    #[tokio::test]
+    async fn a_module_not_ready_is_503_with_retry_after() {
+        use crate::config::{ModuleSpec, Supervision};
+        use crate::routes::{RouteKind, RouteSpec};
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let session = crate::session::Session::prepare(dir.path()).expect("session");
+        let spec = ModuleSpec {
+            name: "ghost".to_owned(),
+            program: "/nonexistent/ray-dashd-ghost".to_owned(),
+            args: Vec::new(),
+            env: Default::default(),
+            routes: vec![RouteSpec {
+                method: http::Method::GET,
+                path: "/ghost".to_owned(),
+                kind: RouteKind::Http,
+            }],
+            supervision: Supervision::default(),
+        };
+        let config = Config::builtin(&Cli::parse_from(["ray-dashd"])).expect("config");
+        let supervisor = Arc::new(Supervisor::start(
+            &[spec],
+            &session,
+            [],
+            Arc::new(Metrics::new()),
+        ));
+        let router = router(AppState {
+            proxy: Arc::new(Proxy::new(supervisor.modules(), config.server)),
+            supervisor: Arc::clone(&supervisor),
+            ray: None,
+            ray_status: Arc::new(ray::RayStatus {
+                state: "off",
+                message: String::new(),
+                python: None,
+                python_source: None,
+                ray_version: None,
+            }),
+            reloader: None,
+        });
+        let request = Request::get("/ghost").body(Body::empty()).expect("request");
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            response.headers().contains_key(http::header::RETRY_AFTER),
+            "{:?}",
+            response.headers()
+        );
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(body["module"], "ghost", "{body}");
+        assert!(body["message"].as_str().is_some(), "{body}");
+        let (status, _) = get(&router, "/ghost/elsewhere").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        supervisor.shutdown().await;
+    }
 }

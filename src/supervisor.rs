@@ -19,10 +19,14 @@
 mod cgroup;
 mod containment;
 mod descendants;
+#[cfg(test)]
+mod fake_child;
 mod health;
 mod spawn;
 mod state;
 mod task;
+#[cfg(test)]
+mod tests;
 
 pub use cgroup::{run_warden, WARDEN_FLAG};
 pub use containment::contain;
@@ -425,6 +429,7 @@ impl Supervisor {
             metrics: self.metrics.module(&spec.name, &spec.routes),
         });
         let task = ModuleTask {
+            spawner: spawn::Processes,
             shared: Arc::clone(&shared),
             session: self.session.clone(),
             controls: controls_rx,

@@ -1,14 +1,14 @@
-//! Supervision: crashes, hangs, failing health checks, crash loops, missing
-//! commands and slow starts; none of them stops the host serving the rest.
-
-use std::time::Duration;
+//! Supervision through the real binary and real processes: what needs real
+//! signals (SIGKILL mid-request, SIGSTOP), the restart API, the contract's
+//! environment and log files, one module starting while others serve.
+//! Exits, hangs, failing checks, slow starts, crash-loop backoff and
+//! missing commands are tested in process, on a paused clock, in
+//! `src/supervisor/tests.rs`.
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::{
-    client, command_module, dashd, eventually, file_with, kill, test_module, WAIT,
-};
+use crate::support::{client, dashd, eventually, file_with, kill, test_module, WAIT};
 
 fn pid_of(report: &Value) -> u64 {
     report["pid"].as_u64().expect("pid")
@@ -57,30 +57,6 @@ async fn restarts_module_after_kill_9_mid_request() {
 }
 
 /// A module whose event loop blocks is found out by its health checks and
-/// replaced; the request that blocked it gets 502.
-#[tokio::test]
-async fn replaces_hung_module() {
-    let d = dashd().module(test_module("tm")).start();
-    d.healthy("tm", 0).await;
-    let hung = tokio::spawn({
-        let url = d.url("/test/hang");
-        async move { client().post(url).send().await.expect("request").status() }
-    });
-    let report = d.healthy("tm", 1).await;
-    assert!(
-        report["last_error"]
-            .as_str()
-            .expect("last_error")
-            .contains("health checks failed"),
-        "{report}"
-    );
-    let status = tokio::time::timeout(WAIT, hung)
-        .await
-        .expect("answered")
-        .expect("task");
-    assert_eq!(status, 502);
-}
-
 /// When a module turns unhealthy, its in-flight exchanges end at once, while
 /// its process is still being stopped: a waiting request gets 502, an open
 /// stream is cut and a websocket is closed with 1012.
@@ -167,200 +143,13 @@ async fn replaces_stopped_module() {
 }
 
 /// `/api/healthz` answering non-200 several times in a row makes the module
-/// unhealthy and replaced.
-#[tokio::test]
-async fn replaces_module_whose_healthz_fails() {
-    let d = dashd().module(test_module("tm")).start();
-    d.healthy("tm", 0).await;
-    let switched = client()
-        .post(d.url("/test/health/fail"))
-        .send()
-        .await
-        .expect("switch");
-    assert_eq!(switched.status(), 200);
-    let report = d.healthy("tm", 1).await;
-    assert!(
-        report["last_error"]
-            .as_str()
-            .expect("last_error")
-            .contains("healthz answered 500"),
-        "{report}"
-    );
-}
-
 /// A module that exits at once is restarted with growing delays up to the
 /// cap, never in a hot loop; meanwhile its routes answer 503 with
-/// Retry-After and the host serves the rest.
-#[tokio::test]
-async fn backs_off_crash_loop() {
-    let d = dashd()
-        .module(
-            test_module("loop")
-                .env("TEST_MODULE_EXIT_ON_START", "1")
-                .routes(&[("GET", "/loop/x", "http")])
-                .supervision("backoff_initial_secs", "0.1")
-                .supervision("backoff_max_secs", "0.4"),
-        )
-        .module(test_module("ok"))
-        .start();
-    d.healthy("ok", 0).await;
-    let mut delays: Vec<u64> = Vec::new();
-    let deadline = std::time::Instant::now() + WAIT;
-    let capped = loop {
-        let report = d.module("loop").await;
-        if let Some(ms) = report["backoff_ms"].as_u64() {
-            if delays.last() != Some(&ms) {
-                delays.push(ms);
-            }
-        }
-        if report["backoff_ms"] == 400 && report["failures_in_row"].as_u64() >= Some(5) {
-            break report;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never reached the cap; delays seen {delays:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    };
-    assert!(
-        delays.windows(2).all(|w| w[0] <= w[1]),
-        "delays shrank: {delays:?}"
-    );
-    assert!(
-        capped["last_error"]
-            .as_str()
-            .expect("last_error")
-            .contains("exit status: 1"),
-        "{capped}"
-    );
-    // While it backs off, its route says so.
-    let busy = eventually(WAIT, || async {
-        let response = client().get(d.url("/loop/x")).send().await.ok()?;
-        (response.status() == 503).then_some(response)
-    })
-    .await
-    .expect("503 while backing off");
-    assert!(busy.headers().contains_key("retry-after"));
-    let body: Value = busy.json().await.expect("json");
-    assert_eq!(body["module"], "loop");
-    // And the host and the other module are untouched.
-    let ok = client()
-        .get(d.url("/test/info"))
-        .send()
-        .await
-        .expect("info");
-    assert_eq!(ok.status(), 200);
-    let health = client()
-        .get(d.url("/api/healthz"))
-        .send()
-        .await
-        .expect("healthz");
-    assert_eq!(health.status(), 200);
-}
-
-/// A command that does not exist is reported and retried with backoff.
-#[tokio::test]
-async fn missing_command_is_reported_and_retried() {
-    let d = dashd()
-        .module(
-            command_module("ghost", &["/nonexistent/ray-dashd-ghost"])
-                .routes(&[("GET", "/ghost", "http")]),
-        )
-        .module(test_module("ok"))
-        .start();
-    d.healthy("ok", 0).await;
-    let report = eventually(WAIT, || async {
-        let r = d.module("ghost").await;
-        (r["failures_in_row"].as_u64() >= Some(2)).then_some(r)
-    })
-    .await
-    .expect("ghost failed at least twice");
-    let error = report["last_error"].as_str().expect("last_error");
-    assert!(
-        error.contains("cannot start /nonexistent/ray-dashd-ghost"),
-        "{error}"
-    );
-    assert!(error.contains("No such file"), "{error}");
-    assert!(report["pid"].is_null());
-    let response = client().get(d.url("/ghost")).send().await.expect("request");
-    assert_eq!(response.status(), 503);
-    assert!(response.headers().contains_key("retry-after"));
-}
-
 /// A module that never becomes ready is given up on after its startup
-/// budget and tried again; its routes answer 503 meanwhile.
-#[tokio::test]
-async fn never_ready_module_times_out_and_retries() {
-    let d = dashd()
-        .module(
-            test_module("slow")
-                .env("TEST_MODULE_NEVER_READY", "1")
-                .supervision("startup_timeout_secs", "0.5"),
-        )
-        .start();
-    let response = client()
-        .get(d.url("/test/info"))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(response.status(), 503);
-    assert!(response.headers().contains_key("retry-after"));
-    let report = eventually(WAIT, || async {
-        let r = d.module("slow").await;
-        (r["restarts"].as_u64() >= Some(1)).then_some(r)
-    })
-    .await
-    .expect("retried");
-    assert!(
-        report["last_error"]
-            .as_str()
-            .expect("last_error")
-            .contains("not ready within"),
-        "{report}"
-    );
-}
-
 /// A module that answers 503 with its reason (in 20 ms, as a Python
 /// module might) until its start-up deadline: its failure carries the
 /// reason, as the last probe gets a real timeout (not what is left of the
 /// budget: nothing, at the deadline), and its state shows the reason
-/// while it starts.
-#[tokio::test]
-async fn a_module_not_ready_at_its_deadline_fails_with_its_own_reason() {
-    let d = dashd()
-        .module(
-            test_module("slow")
-                .env("TEST_MODULE_NOT_READY_REASON", "reason X, the fixture's")
-                .env("TEST_MODULE_NOT_READY_DELAY_MS", "20")
-                .supervision("startup_timeout_secs", "1"),
-        )
-        .start();
-    let report = eventually(WAIT, || async {
-        let r = d.module("slow").await;
-        (r["restarts"].as_u64() >= Some(1)).then_some(r)
-    })
-    .await
-    .expect("retried");
-    let error = report["last_error"].as_str().expect("last_error");
-    assert!(
-        error.starts_with("not ready within 1s: healthz answered 503")
-            && error.contains("not ready: reason X, the fixture's"),
-        "{report}"
-    );
-    // The next incarnation, starting, already says why it is not ready.
-    let starting = eventually(Duration::from_secs(1), || async {
-        let r = d.module("slow").await;
-        let reason = r["reason"].as_str().unwrap_or("").to_owned();
-        (r["state"] == "starting" && reason.contains("reason X")).then_some(())
-    })
-    .await;
-    assert!(
-        starting.is_some(),
-        "the reason was not shown while starting: {}",
-        d.module("slow").await
-    );
-}
-
 /// A module still starting does not hold up requests to other modules or
 /// to the host.
 #[tokio::test]

@@ -1,7 +1,10 @@
 //! The process boundary: starting a module's process in its own process
 //! group (and cgroup, where there are), tied to the host's life, and
-//! stopping the whole group.
+//! stopping the whole group. The module task reaches it through
+//! [`Spawner`] and [`Incarnation`] only, so that its tests can put a fake
+//! child in its place (as watchexec's supervisor does with its test child).
 
+use std::future::Future;
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::path::Path;
@@ -18,17 +21,115 @@ use tokio::process::{Child, Command};
 use tracing::warn;
 
 use super::cgroup::IncarnationCgroup;
-use super::containment::containment;
+use super::containment::{after_stop, before_stop, containment};
 use crate::config::ModuleSpec;
+use crate::connection::PeerCheck;
 use crate::descriptors;
 use crate::session::{LogDir, RotatingFile, Session};
 
 /// How much of a log file's end is read to quote its last lines.
 const TAIL_BYTES: u64 = 4096;
 
+/// Starts a module's incarnations: [`Processes`] for real, a fake child in
+/// the supervisor's tests. Called by the module task only, never on the
+/// request path.
+pub(crate) trait Spawner: Send + Sync + 'static {
+    /// What one start gives.
+    type Incarnation: Incarnation;
+
+    /// Starts incarnation `incarnation` of `spec`, to serve on `socket`
+    /// (which the caller has checked is free).
+    fn spawn(
+        &self,
+        spec: &ModuleSpec,
+        session: &Session,
+        socket: &Path,
+        incarnation: u32,
+    ) -> io::Result<Self::Incarnation>;
+}
+
+/// One started incarnation, owned by its module task from its spawn to its
+/// end.
+pub(crate) trait Incarnation: Send + 'static {
+    /// The pid of its process, leader of its process group. Read once,
+    /// right after the spawn.
+    fn pid(&self) -> u32;
+
+    /// Who must serve its socket (see [`PeerCheck`]); `None`: anyone.
+    fn peer(&self) -> Option<PeerCheck>;
+
+    /// Resolves when it exits, with how. Cancel-safe: the task races it
+    /// against everything else, again and again.
+    fn exited(&mut self) -> impl Future<Output = io::Result<ExitStatus>> + Send + '_;
+
+    /// Stops it, unless it exited already (`exited`): SIGTERM, SIGKILL after
+    /// `grace`, and whatever it started outside its group. Returns how it
+    /// ended.
+    fn stop(
+        &mut self,
+        exited: Option<ExitStatus>,
+        grace: Duration,
+    ) -> impl Future<Output = Option<ExitStatus>> + Send + '_;
+
+    /// Once it has stopped: kills what is left of it anywhere (its cgroup,
+    /// processes it left behind) and forgets it.
+    fn clean_up(self) -> impl Future<Output = ()> + Send;
+}
+
+/// The real [`Spawner`]: [`spawn_module`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Processes;
+
+impl Spawner for Processes {
+    type Incarnation = Spawned;
+
+    fn spawn(
+        &self,
+        spec: &ModuleSpec,
+        session: &Session,
+        socket: &Path,
+        incarnation: u32,
+    ) -> io::Result<Spawned> {
+        spawn_module(spec, session, socket, incarnation)
+    }
+}
+
+impl Incarnation for Spawned {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    fn peer(&self) -> Option<PeerCheck> {
+        Some(PeerCheck::group_of(self.pid()))
+    }
+
+    fn exited(&mut self) -> impl Future<Output = io::Result<ExitStatus>> + Send + '_ {
+        // Cancel-safe, as tokio documents it.
+        self.child.wait()
+    }
+
+    async fn stop(&mut self, exited: Option<ExitStatus>, grace: Duration) -> Option<ExitStatus> {
+        let pid = self.pid;
+        let mut exited = exited;
+        // What the module started outside its group is found now, while
+        // its parents still live, and asked to stop along with the group.
+        before_stop(pid).await;
+        let exit = std::pin::pin!(self.child.wait());
+        stop_child(pid, exit, &mut exited, grace).await
+    }
+
+    async fn clean_up(self) {
+        // Then nothing of it may linger: setsid() children that ignore
+        // SIGTERM, double-forked daemons, what a forked module started.
+        after_stop(self.pid, self.cgroup).await;
+    }
+}
+
 /// A started incarnation.
 #[derive(Debug)]
 pub(crate) struct Spawned {
+    /// Its pid, kept for after the process is reaped.
+    pub(crate) pid: u32,
     /// Its process.
     pub(crate) child: Child,
     /// Its cgroup, when cgroups are in use.
@@ -117,7 +218,10 @@ pub(crate) fn spawn_module(
             );
         }
     }
-    Ok(Spawned { child, cgroup })
+    let pid = child
+        .id()
+        .expect("UNWRAP: a child not yet awaited has a pid");
+    Ok(Spawned { pid, child, cgroup })
 }
 
 /// Between fork and exec: moves the child into its cgroup (the descriptor

@@ -5,20 +5,21 @@ use std::io;
 use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
-use tokio::time::{interval_at, sleep, MissedTickBehavior};
+// Tokio's clock, not std's: the same in production, and the one the
+// supervisor's tests pause and advance.
+use tokio::time::{interval_at, sleep, Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::containment::{after_stop, before_stop};
 use super::health::check_health;
-use super::spawn::{log_name, spawn_module, stop_child, tail, Spawned};
+use super::spawn::{log_name, tail, Incarnation, Processes, Spawner};
 use super::state::{Gate, ModuleState};
 use super::ModuleShared;
 use crate::config::Supervision;
-use crate::connection::{ModulePool, PeerCheck};
+use crate::connection::ModulePool;
 use crate::session::Session;
 
 /// First pause between startup probes; it doubles up to [`MAX_STARTUP_POLL`].
@@ -50,19 +51,22 @@ enum End {
     Shutdown,
 }
 
-pub(crate) struct ModuleTask {
+/// Generic over its [`Spawner`] so that tests can run it with a fake child;
+/// the host runs it with [`Processes`].
+pub(crate) struct ModuleTask<S: Spawner = Processes> {
+    pub(crate) spawner: S,
     pub(crate) shared: Arc<ModuleShared>,
     pub(crate) session: Session,
     pub(crate) controls: mpsc::Receiver<Control>,
     pub(crate) shutdown: CancellationToken,
     /// Incarnation 0, when the host started it before the supervisor.
-    pub(crate) early: Option<(Spawned, SystemTime)>,
+    pub(crate) early: Option<(S::Incarnation, SystemTime)>,
     /// Cancelled when the module's previous task (before a reload changed
     /// the module) has stopped: the first incarnation waits for it.
     pub(crate) after: Option<CancellationToken>,
 }
 
-impl ModuleTask {
+impl<S: Spawner> ModuleTask<S> {
     pub(crate) async fn run(mut self) {
         let supervision = self.shared.spec.supervision.clone();
         if let Some(after) = self.after.take() {
@@ -147,11 +151,14 @@ impl ModuleTask {
                 self.session
                     .check_sockets()
                     .and_then(|()| remove_stale_socket(socket))
-                    .and_then(|()| spawn_module(&shared.spec, &self.session, socket, incarnation)),
+                    .and_then(|()| {
+                        self.spawner
+                            .spawn(&shared.spec, &self.session, socket, incarnation)
+                    }),
                 SystemTime::now(),
             ),
         };
-        let Spawned { mut child, cgroup } = match spawned {
+        let mut child = match spawned {
             Ok(spawned) => spawned,
             Err(e) => {
                 let reason = format!("cannot start {}: {e}", shared.spec.program().display());
@@ -164,9 +171,7 @@ impl ModuleTask {
                 return (End::Failed(reason), Duration::ZERO);
             }
         };
-        let pid = child
-            .id()
-            .expect("UNWRAP: a child not yet awaited has a pid");
+        let pid = child.pid();
         info!(incarnation, pid, "module spawned");
         shared.update(|s| {
             s.pid = Some(pid);
@@ -175,20 +180,14 @@ impl ModuleTask {
         });
 
         let mut exited: Option<ExitStatus> = None;
-        let exit = child.wait();
-        tokio::pin!(exit);
-        let client = ModulePool::serving(
-            socket.clone(),
-            sup.connection_limits(),
-            Some(PeerCheck::group_of(pid)),
-        );
+        let client = ModulePool::serving(socket.clone(), sup.connection_limits(), child.peer());
         let mut ready_at = None;
 
         let end = 'life: {
             let ready = tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => break 'life End::Shutdown,
-                status = &mut exit => {
+                status = child.exited() => {
                     exited = status.as_ref().ok().copied();
                     break 'life End::Failed(format!("exited during startup ({})", describe(&status)));
                 }
@@ -226,7 +225,7 @@ impl ModuleTask {
                 tokio::select! {
                     biased;
                     _ = self.shutdown.cancelled() => break 'life End::Shutdown,
-                    status = &mut exit => {
+                    status = child.exited() => {
                         exited = status.as_ref().ok().copied();
                         break 'life End::Failed(format!("exited ({})", describe(&status)));
                     }
@@ -236,7 +235,7 @@ impl ModuleTask {
                 let checked = tokio::select! {
                     biased;
                     _ = self.shutdown.cancelled() => break 'life End::Shutdown,
-                    status = &mut exit => {
+                    status = child.exited() => {
                         exited = status.as_ref().ok().copied();
                         break 'life End::Failed(format!("exited ({})", describe(&status)));
                     }
@@ -300,14 +299,9 @@ impl ModuleTask {
             }),
             End::Shutdown => shared.update(|s| s.state = ModuleState::Stopping),
         }
-        // What the module started outside its group is found now, while
-        // its parents still live, and asked to stop along with the group.
-        before_stop(pid).await;
-        let status = stop_child(pid, exit.as_mut(), &mut exited, sup.stop_grace).await;
+        let status = child.stop(exited, sup.stop_grace).await;
         info!(incarnation, pid, exit = ?status, "module process ended");
-        // Then nothing of it may linger: setsid() children that ignore
-        // SIGTERM, double-forked daemons, what a forked module started.
-        after_stop(pid, cgroup).await;
+        child.clean_up().await;
         let healthy_for = ready_at.map(|t| t.elapsed()).unwrap_or_default();
         (end, healthy_for)
     }

@@ -607,6 +607,7 @@ mod tests {
                 ray_version: None,
             }),
             reloader: None,
+            tls: None,
         });
         let request = Request::get("/ghost").body(Body::empty()).expect("request");
         let response = router.clone().oneshot(request).await.expect("infallible");

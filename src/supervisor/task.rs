@@ -84,7 +84,7 @@ impl<S: Spawner> ModuleTask<S> {
             let (end, healthy_for) = self.run_incarnation(incarnation, &supervision).await;
             match end {
                 End::Shutdown => break,
-                End::Restart => failures_in_row = 0,
+                End::Restart => failures_in_row = self.failures_start_over(),
                 End::Failed(_) => {
                     if healthy_for >= supervision.stable_after {
                         failures_in_row = 0;
@@ -108,7 +108,9 @@ impl<S: Spawner> ModuleTask<S> {
                         tokio::select! {
                             _ = sleep(delay) => {}
                             _ = self.shutdown.cancelled() => break,
-                            Some(Control::Restart) = self.controls.recv() => failures_in_row = 0,
+                            Some(Control::Restart) = self.controls.recv() => {
+                                failures_in_row = self.failures_start_over();
+                            }
                         }
                     }
                 }
@@ -129,6 +131,13 @@ impl<S: Spawner> ModuleTask<S> {
 
     /// Runs one incarnation to its end; returns how it ended and how long it
     /// was healthy.
+    /// An operator's restart starts the count of failures in a row over,
+    /// in the report too; the new count, 0.
+    fn failures_start_over(&self) -> u32 {
+        self.shared.update(|s| s.failures_in_row = 0);
+        0
+    }
+
     async fn run_incarnation(&mut self, incarnation: u32, sup: &Supervision) -> (End, Duration) {
         let shared = Arc::clone(&self.shared);
         let socket = &shared.socket;

@@ -406,9 +406,14 @@ async fn restart_starts_new_incarnation_without_backoff() {
     })
     .await;
     assert!(m.handle.restart());
+    m.until("the count of failures started over", |s| {
+        s.failures_in_row == 0 && s.incarnation == Some(5)
+    })
+    .await;
     m.healthy(5).await;
     let report = m.handle.report();
     assert_eq!(report.restarts, 5);
+    assert_eq!(report.failures_in_row, 0);
     assert!(
         report.events.iter().any(|e| e.kind == "restart"),
         "{:?}",

@@ -47,12 +47,12 @@ connection: close\r\n\
 \r\n\
 this port speaks HTTPS: use https:// here\r\n";
 
-/// The dashboard port's TLS: the acceptor, and the certificate it
-/// presents, which [`ServerTls::reload`] replaces.
 /// A certificate and key read again, not yet served.
 #[derive(Debug)]
 pub struct ReadCertificate(CertifiedKey);
 
+/// The dashboard port's TLS: the acceptor, and the certificate it
+/// presents, which [`ServerTls::reload`] replaces.
 pub struct ServerTls {
     files: TlsFiles,
     current: Arc<Current>,

@@ -87,7 +87,8 @@ async fn wait_file(path: &Path) {
     assert!(found.is_some(), "{} never appeared", path.display());
 }
 
-async fn clients(d: &Dashd) -> Value {
+/// What the client proxy says of its clients and servers.
+pub(crate) async fn clients(d: &Dashd) -> Value {
     d.client()
         .get(d.url("/api/client_proxy/clients"))
         .send()

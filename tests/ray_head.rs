@@ -531,14 +531,7 @@ async fn ray_cli_works_through_ray_dashd() {
     ray_module_healthy(&d, &authed(), "ray_client_proxy").await;
     // Its servers' ports come from the kernel: `hosting` sets
     // RAY_DASHD_CLIENT_PROXY_PORT_RANGE=auto, which reaches the module.
-    let proxy_view: Value = authed()
-        .get(d.url("/api/client_proxy/clients"))
-        .send()
-        .await
-        .expect("clients")
-        .json()
-        .await
-        .expect("clients json");
+    let proxy_view = crate::ray_client::clients(&d).await;
     assert_eq!(proxy_view["server_ports"], "auto", "{proxy_view}");
     let address = d.url("");
 

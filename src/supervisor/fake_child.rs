@@ -10,6 +10,7 @@
 //! socket served in the same runtime wakes its server at once.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -165,18 +166,9 @@ impl FakeSpawner {
     pub(crate) fn record<R>(&self, f: impl FnOnce(&Record) -> R) -> R {
         f(&self.record.lock().expect("record lock"))
     }
-}
 
-impl Spawner for FakeSpawner {
-    type Incarnation = FakeChild;
-
-    fn spawn(
-        &self,
-        _spec: &ModuleSpec,
-        _session: &Session,
-        socket: &Path,
-        incarnation: u32,
-    ) -> io::Result<FakeChild> {
+    /// Starts incarnation `incarnation`, as its plan says.
+    fn start(&self, socket: &Path, incarnation: u32) -> io::Result<FakeChild> {
         let plan = (self.plan)(incarnation);
         let started = Instant::now();
         self.record
@@ -201,6 +193,20 @@ impl Spawner for FakeSpawner {
             server,
             record: Arc::clone(&self.record),
         })
+    }
+}
+
+impl Spawner for FakeSpawner {
+    type Incarnation = FakeChild;
+
+    fn spawn(
+        &self,
+        _spec: &ModuleSpec,
+        _session: &Session,
+        socket: &Path,
+        incarnation: u32,
+    ) -> impl Future<Output = io::Result<FakeChild>> + Send {
+        std::future::ready(self.start(socket, incarnation))
     }
 }
 

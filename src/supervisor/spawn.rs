@@ -45,7 +45,7 @@ pub(crate) trait Spawner: Send + Sync + 'static {
         session: &Session,
         socket: &Path,
         incarnation: u32,
-    ) -> io::Result<Self::Incarnation>;
+    ) -> impl Future<Output = io::Result<Self::Incarnation>> + Send;
 }
 
 /// One started incarnation, owned by its module task from its spawn to its
@@ -83,14 +83,23 @@ pub(crate) struct Processes;
 impl Spawner for Processes {
     type Incarnation = Spawned;
 
+    /// On a blocking thread: the fork waits for the child's exec, and the
+    /// child first moves into its cgroup, for which the kernel waits out an
+    /// RCU grace period (14 ms measured here). On the runtime's thread that
+    /// stalled every request and health check for as long.
     fn spawn(
         &self,
         spec: &ModuleSpec,
         session: &Session,
         socket: &Path,
         incarnation: u32,
-    ) -> io::Result<Spawned> {
-        spawn_module(spec, session, socket, incarnation)
+    ) -> impl Future<Output = io::Result<Spawned>> + Send {
+        let (spec, session, socket) = (spec.clone(), session.clone(), socket.to_path_buf());
+        async move {
+            tokio::task::spawn_blocking(move || spawn_module(&spec, &session, &socket, incarnation))
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(format!("the start failed: {e}"))))
+        }
     }
 }
 

@@ -23,7 +23,10 @@ use crate::connection::ModulePool;
 use crate::session::Session;
 
 /// First pause between startup probes; it doubles up to [`MAX_STARTUP_POLL`].
-const FIRST_STARTUP_POLL: Duration = Duration::from_millis(20);
+/// A compiled module listens within a few milliseconds of its start (the
+/// test module in 1.5 ms), and a Python one takes a second or more: the
+/// first few probes come quickly, the rest at the cap.
+const FIRST_STARTUP_POLL: Duration = Duration::from_millis(2);
 /// Longest pause between startup probes: readiness is seen within this. A
 /// probe of a socket nobody listens on yet costs one failed connect.
 const MAX_STARTUP_POLL: Duration = Duration::from_millis(50);
@@ -156,16 +159,21 @@ impl<S: Spawner> ModuleTask<S> {
         });
         let (spawned, started_at) = match self.early.take() {
             Some((spawned, started_at)) => (Ok(spawned), started_at),
-            None => (
-                self.session
+            None => {
+                let spawned = match self
+                    .session
                     .check_sockets()
                     .and_then(|()| remove_stale_socket(socket))
-                    .and_then(|()| {
+                {
+                    Ok(()) => {
                         self.spawner
                             .spawn(&shared.spec, &self.session, socket, incarnation)
-                    }),
-                SystemTime::now(),
-            ),
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                (spawned, SystemTime::now())
+            }
         };
         let mut child = match spawned {
             Ok(spawned) => spawned,

@@ -396,9 +396,10 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
     supervisor.sweep().await;
 }
 
-/// Reloads the config and the dashboard port's certificate at every
-/// SIGHUP, for the life of the runtime. A reload that fails is logged (by
-/// the reloader, by the TLS) and changes nothing.
+/// Reloads the dashboard port's certificate and the config at every
+/// SIGHUP, for the life of the runtime, all or nothing as `POST
+/// /api/reload` does ([`server::reload_all`]). A reload that fails is
+/// logged and changes nothing.
 fn on_sighup(reloader: Option<Arc<Reloader>>, tls: Option<Arc<server::tls::ServerTls>>) {
     use tokio::signal::unix::{signal, SignalKind};
     if reloader.is_none() && tls.is_none() {
@@ -413,15 +414,10 @@ fn on_sighup(reloader: Option<Arc<Reloader>>, tls: Option<Arc<server::tls::Serve
     };
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
-            if let Some(tls) = &tls {
-                info!("SIGHUP: reloading the TLS certificate");
-                // Two small files, read off the runtime's threads.
-                let tls = Arc::clone(tls);
-                let _ = tokio::task::spawn_blocking(move || tls.reload()).await;
-            }
-            if let Some(reloader) = &reloader {
-                info!("SIGHUP: reloading the config");
-                let _ = reloader.reload().await;
+            info!("SIGHUP: reloading the TLS certificate and the config");
+            match server::reload_all(reloader.as_deref(), tls.as_ref()).await {
+                Ok(report) => info!(%report, "SIGHUP: reloaded"),
+                Err(error) => warn!(%error, "SIGHUP: reload refused; nothing changed"),
             }
         }
     });

@@ -13,6 +13,8 @@ pub mod guard;
 mod prefix;
 pub mod tls;
 
+pub(crate) use api::reload_all;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;

@@ -317,6 +317,43 @@ async fn sighup_serves_the_new_certificate() {
     assert_eq!(health.status(), 200);
 }
 
+/// SIGHUP is all or nothing, as `POST /api/reload` is: with a certificate
+/// that does not load, a changed config is not applied either; once the
+/// pair loads again, the next SIGHUP applies both.
+#[tokio::test]
+async fn sighup_with_a_bad_certificate_changes_nothing() {
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = ca.issue(dir.path(), "first");
+    let d = https_dashd(&ca, dir.path());
+    let before = d.healthy("tm", 0).await;
+
+    // The module changed (its environment), and the certificate broken.
+    let changed = dashd().module(test_module("tm").env("RELOADED", "1"));
+    std::fs::write(d.config_path(), changed.config_text()).expect("write the config");
+    std::fs::write(dir.path().join("cert.pem"), "broken\n").expect("write");
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let refused = eventually(WAIT, || async {
+        d.log().contains("SIGHUP: reload refused").then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "no refusal logged; log:\n{}", d.log());
+    let after = d.module("tm").await;
+    assert_eq!(after["incarnation"], before["incarnation"], "{after:#}");
+    assert_eq!(after["pid"], before["pid"], "{after:#}");
+    assert_eq!(served_cert(d.addr(), &ca).await, first);
+
+    let second = ca.issue(dir.path(), "second");
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let restarted = eventually(WAIT, || async {
+        let now = d.module("tm").await;
+        (now["state"] == "healthy" && now["pid"] != before["pid"]).then_some(())
+    })
+    .await;
+    assert!(restarted.is_some(), "tm not restarted; log:\n{}", d.log());
+    assert_eq!(served_cert(d.addr(), &ca).await, second);
+}
+
 /// What Ray's tools read from the GCS key `dashboard` of `head` once `d`
 /// has written it (read with Ray's own client, by `dashboard_kv.py`).
 pub(crate) async fn dashboard_key(head: &RayHead, d: &Dashd) -> String {

@@ -12,8 +12,10 @@ use axum::routing::{get, post, MethodRouter};
 use axum::Json;
 use tracing::info;
 
+use super::tls::ServerTls;
 use super::AppState;
 use crate::error::ApiError;
+use crate::reload::Reloader;
 use crate::routes::host::ApiRoute;
 
 /// The handler of a route of the host's API.
@@ -61,19 +63,28 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
-/// What SIGHUP does: reads the dashboard port's certificate and the config
-/// again and applies them (see [`crate::reload`]); the report, or 400
-/// naming what is wrong (nothing changed then).
+/// `POST /api/reload`: [`reload_all`]'s report, or 400 naming what is
+/// wrong (nothing changed then).
 async fn reload(State(state): State<AppState>) -> Result<Response, ApiError> {
     // A page of another origin was refused by the guard before this ran.
-    let Some(reloader) = &state.reloader else {
+    let report = reload_all(state.reloader.as_deref(), state.tls.as_ref()).await?;
+    Ok(([(header::CACHE_CONTROL, "no-store")], Json(report)).into_response())
+}
+
+/// Reads the dashboard port's certificate and the config again and applies
+/// them (see [`crate::reload`]), all or nothing: the certificate is read
+/// first and served only once the config has been applied. What SIGHUP and
+/// `POST /api/reload` both do. The report says what changed.
+pub(crate) async fn reload_all(
+    reloader: Option<&Reloader>,
+    tls: Option<&Arc<ServerTls>>,
+) -> Result<serde_json::Value, ApiError> {
+    if reloader.is_none() && tls.is_none() {
         return Err(ApiError::NoReload);
-    };
-    // The certificate is read first and served only once the config has
-    // been applied, so that a reload that fails changes nothing. Two small
-    // files, read off the runtime's threads.
-    let certificate = match &state.tls {
+    }
+    let certificate = match tls {
         Some(tls) => {
+            // Two small files, read off the runtime's threads.
             let tls = Arc::clone(tls);
             let read = tokio::task::spawn_blocking(move || tls.read_again().map(|c| (tls, c)))
                 .await
@@ -87,18 +98,23 @@ async fn reload(State(state): State<AppState>) -> Result<Response, ApiError> {
         }
         None => None,
     };
-    let report = reloader
-        .reload()
-        .await
-        .map_err(|error| ApiError::BadConfig {
-            message: error.to_string(),
-        })?;
-    let mut report = serde_json::to_value(report).unwrap_or_default();
+    let mut report = match reloader {
+        Some(reloader) => {
+            let applied = reloader
+                .reload()
+                .await
+                .map_err(|error| ApiError::BadConfig {
+                    message: error.to_string(),
+                })?;
+            serde_json::to_value(applied).unwrap_or_default()
+        }
+        None => serde_json::json!({}),
+    };
     if let Some((tls, read)) = certificate {
         tls.serve(read);
         report["tls_certificate"] = "reloaded".into();
     }
-    Ok(([(header::CACHE_CONTROL, "no-store")], Json(report)).into_response())
+    Ok(report)
 }
 
 async fn healthz() -> impl IntoResponse {

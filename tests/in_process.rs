@@ -9,7 +9,7 @@
 //! run beside it.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use clap::Parser;
@@ -22,20 +22,14 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+// Its helpers are `pub` for the integration tests' sibling modules.
+#[allow(unreachable_pub)]
+#[path = "bins.rs"]
+mod bins;
+use bins::test_module_bin;
+
 /// Bound on every wait.
 const WAIT: Duration = Duration::from_secs(20);
-
-/// The test module, built beside this test's `ray-dashd`.
-fn test_module_bin() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_ray-dashd"));
-    let path = exe.with_file_name("ray-dashd-test-module");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build --workspace` before the tests (scripts/test does)",
-        path.display()
-    );
-    path
-}
 
 /// What `launch` would prepare for `config_text` in `session_dir`, without
 /// Ray, reload or TLS.

@@ -16,22 +16,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Default bound for `eventually`.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// The directory holding the workspace's built binaries.
-pub fn bin_dir() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_ray-dashd"));
-    exe.parent().expect("binary has a folder").to_path_buf()
-}
-
-/// The test module's binary; `cargo build --workspace` builds it.
-pub fn test_module_bin() -> PathBuf {
-    let path = bin_dir().join("ray-dashd-test-module");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build --workspace` before the tests (scripts/test does)",
-        path.display()
-    );
-    path
-}
+pub use crate::bins::{bin_dir, test_module_bin};
 
 /// Every route of the test module, as config lines.
 pub const TEST_ROUTES: &[(&str, &str, &str)] = &[

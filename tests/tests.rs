@@ -4,6 +4,7 @@
 // Test helpers are `pub` for the sibling test modules, not for export.
 #![allow(unreachable_pub)]
 
+mod bins;
 mod support;
 
 mod cli;

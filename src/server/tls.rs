@@ -52,7 +52,7 @@ this port speaks HTTPS: use https:// here\r\n";
 pub struct ReadCertificate(CertifiedKey);
 
 /// The dashboard port's TLS: the acceptor, and the certificate it
-/// presents, which [`ServerTls::reload`] replaces.
+/// presents, which [`ServerTls::serve`] replaces.
 pub struct ServerTls {
     files: TlsFiles,
     current: Arc<Current>,
@@ -94,14 +94,6 @@ impl ServerTls {
             current,
             acceptor: TlsAcceptor::from(Arc::new(config)),
         })
-    }
-
-    /// Reads the files again and presents them to the connections made
-    /// from now on; on an error (logged) the certificate in use is kept.
-    pub fn reload(&self) -> Result<(), TlsError> {
-        let read = self.read_again()?;
-        self.serve(read);
-        Ok(())
     }
 
     /// Reads the files again, without serving them yet ([`ServerTls::serve`]),

@@ -9,6 +9,7 @@ use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
+use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
@@ -18,6 +19,7 @@ use ray_dashd_contract::names::{
 };
 use rustix::process::Rlimit;
 use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
 use tracing::warn;
 
 use super::cgroup::IncarnationCgroup;
@@ -83,10 +85,11 @@ pub(crate) struct Processes;
 impl Spawner for Processes {
     type Incarnation = Spawned;
 
-    /// On a blocking thread: the fork waits for the child's exec, and the
-    /// child first moves into its cgroup, for which the kernel waits out an
-    /// RCU grace period (14 ms measured here). On the runtime's thread that
-    /// stalled every request and health check for as long.
+    /// On the launcher thread ([`launch`]): the fork waits for the child's
+    /// exec, and the child first moves into its cgroup, for which the
+    /// kernel waits out an RCU grace period (14 ms measured here). On the
+    /// runtime's thread that stalled every request and health check for as
+    /// long.
     fn spawn(
         &self,
         spec: &ModuleSpec,
@@ -95,11 +98,65 @@ impl Spawner for Processes {
         incarnation: u32,
     ) -> impl Future<Output = io::Result<Spawned>> + Send {
         let (spec, session, socket) = (spec.clone(), session.clone(), socket.to_path_buf());
-        async move {
-            tokio::task::spawn_blocking(move || spawn_module(&spec, &session, &socket, incarnation))
-                .await
-                .unwrap_or_else(|e| Err(io::Error::other(format!("the start failed: {e}"))))
+        launch(move || spawn_module(&spec, &session, &socket, incarnation))
+    }
+}
+
+/// A start of a module's process, run on the launcher thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Runs `start` on the launcher thread, within the caller's runtime; its
+/// result.
+///
+/// One thread that lives as long as the host forks every module. A
+/// child's parent-death signal fires when the *thread* that forked it
+/// ends, not the process: a module forked from one of tokio's blocking
+/// threads, which end after 10 s without work, was SIGKILLed then. Where
+/// the thread cannot be made, `start` runs on the caller's thread.
+fn launch(
+    start: impl FnOnce() -> io::Result<Spawned> + Send + 'static,
+) -> impl Future<Output = io::Result<Spawned>> + Send {
+    static LAUNCHER: OnceLock<Option<Mutex<mpsc::Sender<Job>>>> = OnceLock::new();
+    let launcher = LAUNCHER.get_or_init(|| {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let started = std::thread::Builder::new()
+            .name("dashd-launcher".into())
+            .spawn(move || {
+                for job in queue {
+                    // A start that panics fails its own caller only.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                }
+            });
+        match started {
+            Ok(_) => Some(Mutex::new(jobs)),
+            Err(error) => {
+                warn!(%error, "cannot start the launcher thread; modules are started on the runtime's thread");
+                None
+            }
         }
+    });
+    async move {
+        let (done, result) = oneshot::channel();
+        let runtime = tokio::runtime::Handle::current();
+        let job: Job = Box::new(move || {
+            // tokio's process support registers the child with the runtime.
+            let _entered = runtime.enter();
+            let _ = done.send(start());
+        });
+        let queued = match launcher {
+            Some(jobs) => jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .send(job)
+                .map_err(|unsent| unsent.0),
+            None => Err(job),
+        };
+        if let Err(job) = queued {
+            job();
+        }
+        result
+            .await
+            .unwrap_or_else(|_| Err(io::Error::other("the module's start panicked")))
     }
 }
 

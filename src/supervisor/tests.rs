@@ -494,3 +494,58 @@ async fn unhealthy_module_fails_in_flight_work_before_it_is_stopped() {
     });
     m.stop().await;
 }
+
+/// A process started through [`Processes`] outlives the thread, and the
+/// runtime, that asked for it. The kernel sends a child's parent-death
+/// signal when the *thread* that forked it ends: forked from one of the
+/// runtime's blocking threads, a module was SIGKILLed once that thread
+/// ended (10 s idle in the host; here, with the runtime).
+#[test]
+fn a_started_process_outlives_the_thread_that_asked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let session = Session::prepare(dir.path()).expect("session");
+    let spec = ModuleSpec {
+        name: "m".to_owned(),
+        program: "sleep".to_owned(),
+        args: vec!["30".to_owned()],
+        env: Default::default(),
+        routes: Vec::new(),
+        supervision: supervision(),
+    };
+    let socket = session.socket_path(&spec.name);
+    let spawned = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime
+            .block_on(Processes.spawn(&spec, &session, &socket, 0))
+            .expect("sleep started")
+        // The runtime, its blocking threads and this thread end here.
+    })
+    .join()
+    .expect("the starting thread");
+    let pid = spawned.pid;
+    let state = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| stat.rsplit(") ").next().map(|rest| rest.chars().next()))
+            .flatten()
+    };
+    // A parent-death SIGKILL is sent as the thread ends: within a second
+    // the child would be dead (a zombie, as nothing reaps it here).
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while std::time::Instant::now() < deadline {
+        let now = state();
+        assert!(
+            matches!(now, Some(c) if c != 'Z' && c != 'X'),
+            "the started process died with the thread that asked for it: {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None);
+}

@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::sync::{mpsc, OnceLock};
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
@@ -116,7 +116,7 @@ type Job = Box<dyn FnOnce() + Send>;
 fn launch(
     start: impl FnOnce() -> io::Result<Spawned> + Send + 'static,
 ) -> impl Future<Output = io::Result<Spawned>> + Send {
-    static LAUNCHER: OnceLock<Option<Mutex<mpsc::Sender<Job>>>> = OnceLock::new();
+    static LAUNCHER: OnceLock<Option<mpsc::Sender<Job>>> = OnceLock::new();
     let launcher = LAUNCHER.get_or_init(|| {
         let (jobs, queue) = mpsc::channel::<Job>();
         let started = std::thread::Builder::new()
@@ -128,7 +128,7 @@ fn launch(
                 }
             });
         match started {
-            Ok(_) => Some(Mutex::new(jobs)),
+            Ok(_) => Some(jobs),
             Err(error) => {
                 warn!(%error, "cannot start the launcher thread; modules are started on the runtime's thread");
                 None
@@ -144,11 +144,7 @@ fn launch(
             let _ = done.send(start());
         });
         let queued = match launcher {
-            Some(jobs) => jobs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .send(job)
-                .map_err(|unsent| unsent.0),
+            Some(jobs) => jobs.send(job).map_err(|unsent| unsent.0),
             None => Err(job),
         };
         if let Err(job) = queued {

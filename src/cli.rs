@@ -42,7 +42,7 @@ pub struct Cli {
     #[arg(long, env = "RAY_DASHD_RAY_CLIENT_PORT")]
     pub ray_client_port: Option<u16>,
 
-    /// The Python that has ray[default], for Ray's modules and the Ray
+    /// The Python that has `ray[default]`, for Ray's modules and the Ray
     /// Client proxy. [default: the Python of the Ray head's own processes,
     /// else that of the wheel ray-dashd was installed from, else python3
     /// on PATH]

@@ -74,7 +74,7 @@ enum Command {
     Killtest(KillArgs),
     /// Wait until ray-dashd reports a module healthy: {pid, incarnation}.
     WaitModule(WaitModuleArgs),
-    /// Wait until GET <path> on a target answers 200.
+    /// Wait until `GET <path>` on a target answers 200.
     WaitHttp(WaitHttpArgs),
     /// Peak and current RSS of processes, summed: {vmhwm_kib, vmrss_kib}.
     Rss(RssArgs),
@@ -87,7 +87,7 @@ enum Command {
     /// string: {pid, cmdline}.
     FindDescendant(FindDescendantArgs),
     /// PSS, RSS and USS of a process and of its whole tree, from
-    /// /proc/<pid>/smaps_rollup: {parent_pss_kib, total_pss_kib, ...}.
+    /// `/proc/<pid>/smaps_rollup`: {parent_pss_kib, total_pss_kib, ...}.
     TreeMem(TreePidArgs),
     /// Stop a process and every process below it, by pid (SIGTERM to the
     /// root, then to the rest, then SIGKILL): {processes, ms, sigkilled}.

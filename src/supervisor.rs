@@ -269,6 +269,9 @@ pub struct RouteReport {
     pub kind: String,
 }
 
+/// How long [`EarlyStart::stderr_tail`] waits for output still in a pipe.
+const TAIL_DRAIN: Duration = Duration::from_millis(500);
+
 /// A module's first incarnation, started before the supervisor: the host
 /// starts Ray's zygote while it reads other things, and learns the other
 /// modules' routes from it. [`Supervisor::start`] takes it over as the
@@ -303,8 +306,11 @@ impl EarlyStart {
             .and_then(|s| s.child.try_wait().ok().flatten())
     }
 
-    /// The last lines of its stderr log, for a failure report.
+    /// The last lines of its stderr log, for a failure report. Its output
+    /// reaches the log through a pump thread, so this first waits (at most
+    /// [`TAIL_DRAIN`]) for the pumps to copy what it wrote before exiting.
     pub fn stderr_tail(&self, session: &Session, lines: usize) -> String {
+        crate::session::rotating::drain(TAIL_DRAIN);
         spawn::tail(&session.log_dir, &spawn::log_name(&self.name, "err"), lines)
     }
 

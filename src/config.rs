@@ -164,6 +164,13 @@ pub struct Supervision {
     /// Most requests waiting for a connection when all are in use; more
     /// get 503. 0: none wait.
     pub max_queued_requests: usize,
+    /// How long a module may miss its health checks while it is *busy*
+    /// (its processes use CPU, none is stopped) before it counts as hung.
+    /// A busy module's missed checks are not failures until then.
+    pub busy_max: Duration,
+    /// The most resident memory, in bytes, that the module's processes may
+    /// hold together; past it the module is restarted. `None`: no budget.
+    pub memory_budget: Option<u64>,
 }
 
 /// Connections per module when the config names no number: Ray's own
@@ -173,6 +180,12 @@ pub struct Supervision {
 /// sets, so the host alone can never fill a module's backlog, where a
 /// connect fails at once with EAGAIN.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 100;
+
+/// How long a busy module (using CPU, not answering its health checks) is
+/// given by default before it counts as hung: Ray's modules on a big
+/// cluster block their event loop for seconds building one answer; a loop
+/// that never ends is still caught within a minute.
+pub const DEFAULT_BUSY_MAX: Duration = Duration::from_secs(60);
 
 /// Default of `server.client_send_timeout_secs` and
 /// `server.client_body_timeout_secs`: nginx's `send_timeout` and
@@ -221,6 +234,8 @@ impl Default for Supervision {
             stop_grace: Duration::from_secs(2),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
+            busy_max: DEFAULT_BUSY_MAX,
+            memory_budget: None,
         }
     }
 }

@@ -368,6 +368,11 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
     };
     let before = config.modules.len();
     config.add_modules_toml(&origin, &generated)?;
+    if let Some(budget) = settings.memory_budget {
+        for module in &mut config.modules[before..] {
+            module.supervision.memory_budget = Some(budget);
+        }
+    }
     info!(
         gcs = %gcs_address,
         ray_version = %parent.ray_version,
@@ -383,7 +388,12 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
             &gcs_address,
             &python.program,
             parent.token.is_some(),
-            config.module_defaults.clone(),
+            Supervision {
+                memory_budget: settings
+                    .memory_budget
+                    .or(config.module_defaults.memory_budget),
+                ..config.module_defaults.clone()
+            },
         );
         config.add_modules("<the Ray Client proxy>", vec![proxy])?;
         info!(port = settings.client_port, "hosting the Ray Client proxy");

@@ -27,6 +27,7 @@ mod state;
 mod task;
 #[cfg(test)]
 mod tests;
+mod usage;
 
 pub use cgroup::{run_warden, WARDEN_FLAG};
 pub use containment::contain;
@@ -175,6 +176,12 @@ impl ModuleHandle {
                 .map(|d| d.as_millis() as u64),
             last_health_rtt_us: s.last_health_rtt.map(|d| d.as_micros() as u64),
             last_health_at_ms: s.last_health_at.map(epoch_ms),
+            busy_since_ms: s
+                .busy_since
+                .filter(|_| s.state == ModuleState::Healthy)
+                .map(epoch_ms),
+            memory_bytes: s.memory_bytes.filter(|_| s.pid.is_some()),
+            memory_budget_bytes: spec.supervision.memory_budget,
             backoff_ms: s.backoff.map(|d| d.as_millis() as u64),
             next_start_at_ms: s.next_start_at.map(epoch_ms),
             connections: s.gate.as_ref().map_or_else(
@@ -239,6 +246,13 @@ pub struct ModuleReport {
     pub last_health_rtt_us: Option<u64>,
     /// When the last health check finished (ms since the epoch).
     pub last_health_at_ms: Option<u64>,
+    /// While the module is busy (its health checks unanswered while its
+    /// processes use CPU): since when (ms since the epoch).
+    pub busy_since_ms: Option<u64>,
+    /// The resident memory of its processes at the last health check.
+    pub memory_bytes: Option<u64>,
+    /// Its memory budget (`memory_budget_mib`), when it has one.
+    pub memory_budget_bytes: Option<u64>,
     /// The last restart delay chosen, in milliseconds; while waiting, how
     /// long the module itself waits between tries (its `Retry-After`).
     pub backoff_ms: Option<u64>,

@@ -119,6 +119,130 @@ async fn unhealthy_module_fails_in_flight_work_before_it_is_killed() {
     kill(pid, Signal::SIGKILL);
 }
 
+/// A module whose only thread computes for seconds (a Ray module building
+/// a big answer) misses its health checks but is busy, not hung: it is
+/// kept, its answer arrives, and `/api/modules` says it was busy. Busy for
+/// longer than `busy_max_secs`, it is replaced, and the reason says so.
+#[tokio::test]
+async fn a_module_busy_computing_is_kept_until_busy_max() {
+    // Quick checks: a hang would be declared after about 0.75 s.
+    let quick = |m: crate::support::ModuleDef| {
+        m.supervision("health_interval_secs", "0.25")
+            .supervision("health_timeout_secs", "0.25")
+            .supervision("failure_threshold", "2")
+    };
+    let d = dashd()
+        .module(quick(test_module("tm")).supervision("busy_max_secs", "30"))
+        .start();
+    d.healthy("tm", 0).await;
+
+    let spinning = tokio::spawn({
+        let url = d.url("/test/spin?ms=4000");
+        async move { client().post(url).send().await.expect("spin") }
+    });
+    let busy = eventually(WAIT, || async {
+        let report = d.module("tm").await;
+        report["busy_since_ms"].as_u64().map(|_| report)
+    })
+    .await
+    .expect("the module is reported busy while it computes");
+    assert_eq!(busy["state"], "healthy", "{busy}");
+    let response = tokio::time::timeout(WAIT, spinning)
+        .await
+        .expect("answered")
+        .expect("task");
+    assert_eq!(response.status(), 200);
+    assert!(response.text().await.expect("body").starts_with("spun"));
+    let report = d.healthy("tm", 0).await;
+    assert_eq!(report["incarnation"], 0, "{report}");
+    assert_eq!(report["restarts"], 0, "{report}");
+    assert!(report["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .any(|e| e["kind"] == "busy"));
+    // Served again: no longer busy.
+    eventually(WAIT, || async {
+        d.module("tm").await["busy_since_ms"]
+            .is_null()
+            .then_some(())
+    })
+    .await
+    .expect("busy no more once it answers");
+
+    // The same work with busy_max_secs 1.5: a loop that never ends, as far
+    // as the host can tell.
+    let d = dashd()
+        .module(quick(test_module("short")).supervision("busy_max_secs", "1.5"))
+        .start();
+    d.healthy("short", 0).await;
+    let cut = client()
+        .post(d.url("/test/spin?ms=8000"))
+        .send()
+        .await
+        .expect("spin");
+    assert_eq!(cut.status(), 502);
+    let report = d.healthy("short", 1).await;
+    let error = report["last_error"].as_str().expect("last_error");
+    assert!(
+        error.starts_with("busy for ") && error.contains("busy_max_secs 1.5"),
+        "{report}"
+    );
+}
+
+/// A module whose processes grow past `memory_budget_mib` is replaced at its
+/// next check with the reason naming the budget, while the host and the
+/// other modules serve on.
+#[tokio::test]
+async fn a_module_over_its_memory_budget_is_replaced_and_others_serve() {
+    let d = dashd()
+        .module(
+            test_module("tm")
+                .routes(&[("POST", "/test/grow", "http")])
+                .supervision("memory_budget_mib", "64")
+                .supervision("health_interval_secs", "0.25"),
+        )
+        .module(test_module("other").routes(&[("GET", "/test/info", "http")]))
+        .start();
+    let report = d.healthy("tm", 0).await;
+    assert_eq!(report["memory_budget_bytes"], 64 << 20);
+    let grown = client()
+        .post(d.url("/test/grow?mib=100"))
+        .send()
+        .await
+        .expect("grow");
+    assert_eq!(grown.status(), 200);
+    let report = d.healthy("tm", 1).await;
+    let error = report["last_error"].as_str().expect("last_error");
+    assert!(
+        error.starts_with("over its memory budget: its processes hold ")
+            && error.ends_with("the budget is 64.0 MiB (memory_budget_mib)"),
+        "{report}"
+    );
+    // The new incarnation is back under it.
+    let memory = eventually(WAIT, || async {
+        d.module("tm").await["memory_bytes"].as_u64()
+    })
+    .await
+    .expect("memory reported");
+    assert!(memory < 64 << 20, "{memory}");
+    let other = d.module("other").await;
+    assert_eq!(other["state"], "healthy");
+    assert_eq!(other["restarts"], 0);
+    let info = client()
+        .get(d.url("/test/info"))
+        .send()
+        .await
+        .expect("info");
+    assert_eq!(info.status(), 200);
+    let health = client()
+        .get(d.url("/api/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(health.status(), 200);
+}
+
 /// A SIGSTOPped module is replaced too (it cannot even see SIGTERM).
 #[tokio::test]
 async fn replaces_stopped_module() {

@@ -34,6 +34,8 @@ pub const TEST_ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/test/ws/not", "websocket"),
     ("POST", "/test/crash", "http"),
     ("POST", "/test/hang", "http"),
+    ("POST", "/test/spin", "http"),
+    ("POST", "/test/grow", "http"),
     ("POST", "/test/print", "http"),
     ("GET", "/test/slow", "http"),
     ("GET", "/test/status/{code}", "http"),

@@ -121,6 +121,11 @@ fn supervision(s: &Supervision, base: Option<&Supervision>) -> RawSupervision {
         stop_grace_secs: differs(|s| s.stop_grace),
         max_connections: differs_n(|s| s.max_connections),
         max_queued_requests: differs_n(|s| s.max_queued_requests),
+        busy_max_secs: differs(|s| s.busy_max),
+        memory_budget_mib: base
+            .is_none_or(|b| b.memory_budget != s.memory_budget)
+            .then(|| s.memory_budget.map(|bytes| bytes / (1024 * 1024)))
+            .flatten(),
     }
 }
 
@@ -132,6 +137,7 @@ fn ray(config: &Config) -> RawRay {
         client_port: Some(r.client_port),
         gcs_gone_secs: secs(r.gcs_gone_after),
         launch: Some(r.launch),
+        memory_budget_mib: r.memory_budget.map(|bytes| bytes / (1024 * 1024)),
     }
 }
 

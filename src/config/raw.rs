@@ -43,6 +43,8 @@ pub(super) struct RawRay {
     pub(super) gcs_gone_secs: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) launch: Option<RayLaunch>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) memory_budget_mib: Option<u64>,
 }
 
 /// Only modules: what `routes.py` generates for Ray's modules.
@@ -121,6 +123,10 @@ pub(super) struct RawSupervision {
     pub(super) max_connections: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) max_queued_requests: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) busy_max_secs: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) memory_budget_mib: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -218,6 +224,8 @@ impl RawSupervision {
             stop_grace_secs: over.stop_grace_secs.or(self.stop_grace_secs),
             max_connections: over.max_connections.or(self.max_connections),
             max_queued_requests: over.max_queued_requests.or(self.max_queued_requests),
+            busy_max_secs: over.busy_max_secs.or(self.busy_max_secs),
+            memory_budget_mib: over.memory_budget_mib.or(self.memory_budget_mib),
         }
     }
 
@@ -235,6 +243,7 @@ impl RawRay {
             client_port: over.client_port.or(self.client_port),
             gcs_gone_secs: over.gcs_gone_secs.or(self.gcs_gone_secs),
             launch: over.launch.or(self.launch),
+            memory_budget_mib: over.memory_budget_mib.or(self.memory_budget_mib),
         }
     }
 }

@@ -55,6 +55,9 @@ pub struct RaySettings {
     pub gcs_gone_after: Duration,
     /// How the modules are started.
     pub launch: RayLaunch,
+    /// The memory budget of each of Ray's modules (and the Ray Client
+    /// proxy), in bytes, unless its own supervision names one.
+    pub memory_budget: Option<u64>,
 }
 
 impl Default for RaySettings {
@@ -65,6 +68,7 @@ impl Default for RaySettings {
             client_port: DEFAULT_CLIENT_PORT,
             gcs_gone_after: GCS_GONE_AFTER,
             launch: RayLaunch::Fork,
+            memory_budget: None,
         }
     }
 }

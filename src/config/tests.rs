@@ -339,6 +339,9 @@ fn rejects_bad_names_patterns_and_settings() {
         ("[module_defaults]\nfailure_threshold = 0\n", "module_defaults.failure_threshold"),
         ("[module_defaults]\nhealth_timeout_secs = -1\n", "module_defaults.health_timeout_secs"),
         ("[server]\nmax_header_bytes = 100\n", "server.max_header_bytes"),
+        ("[module_defaults]\nmemory_budget_mib = 0\n", "module_defaults.memory_budget_mib"),
+        ("[module_defaults]\nbusy_max_secs = 0\n", "module_defaults.busy_max_secs"),
+        ("[ray]\nmemory_budget_mib = 0\n", "ray.memory_budget_mib"),
     ];
     for (text, field) in cases {
         let msg = load(text).expect_err(text).to_string();
@@ -362,6 +365,30 @@ supervision = { health_timeout_secs = 0.25 }
     assert_eq!(s.failure_threshold, 5);
     assert_eq!(s.health_timeout, Duration::from_millis(250));
     assert_eq!(s.health_interval, Duration::from_secs(1));
+}
+
+#[test]
+fn busy_max_and_memory_budget_default_and_are_overridden_per_module() {
+    let text = r#"
+[module_defaults]
+memory_budget_mib = 512
+[[modules]]
+name = "a"
+command = ["x"]
+[[modules]]
+name = "b"
+command = ["x"]
+supervision = { busy_max_secs = 5, memory_budget_mib = 64 }
+"#;
+    let c = load(text).expect("valid");
+    let (a, b) = (&c.modules[0].supervision, &c.modules[1].supervision);
+    assert_eq!(a.busy_max, crate::config::DEFAULT_BUSY_MAX);
+    assert_eq!(a.memory_budget, Some(512 << 20));
+    assert_eq!(b.busy_max, Duration::from_secs(5));
+    assert_eq!(b.memory_budget, Some(64 << 20));
+    assert_eq!(load("").expect("valid").module_defaults.memory_budget, None);
+    let ray = load("[ray]\nmemory_budget_mib = 2048\n").expect("valid").ray;
+    assert_eq!(ray.memory_budget, Some(2048 << 20));
 }
 
 #[test]

@@ -141,6 +141,12 @@ impl Validator<'_> {
                     after => after,
                 },
                 launch: raw.ray.launch.unwrap_or_default(),
+                memory_budget: match raw.ray.memory_budget_mib {
+                    Some(0) => {
+                        return Err(self.invalid("ray.memory_budget_mib", "must be at least 1"))
+                    }
+                    mib => mib.map(|mib| mib.saturating_mul(1024 * 1024)),
+                },
             },
         })
     }
@@ -444,6 +450,12 @@ impl Validator<'_> {
             stop_grace: self.secs(&f("stop_grace_secs"), raw.stop_grace_secs, base.stop_grace)?,
             max_connections: raw.max_connections.unwrap_or(base.max_connections),
             max_queued_requests: raw.max_queued_requests.unwrap_or(base.max_queued_requests),
+            busy_max: self.secs(&f("busy_max_secs"), raw.busy_max_secs, base.busy_max)?,
+            memory_budget: match raw.memory_budget_mib {
+                Some(0) => return Err(self.invalid(f("memory_budget_mib"), "must be at least 1")),
+                Some(mib) => Some(mib.saturating_mul(1024 * 1024)),
+                None => base.memory_budget,
+            },
         };
         // A zero backoff or stable-after time would restart a failing module
         // at once, again and again.
@@ -453,6 +465,7 @@ impl Validator<'_> {
             ("health_timeout_secs", s.health_timeout),
             ("backoff_initial_secs", s.backoff_initial),
             ("stable_after_secs", s.stable_after),
+            ("busy_max_secs", s.busy_max),
         ];
         for (name, d) in positive {
             if d.is_zero() {

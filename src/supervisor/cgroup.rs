@@ -68,6 +68,13 @@ impl Cgroups {
             let _ = fs::remove_dir(&base);
             return Err("the kernel has no cgroup.kill (Linux 5.14 or later)".into());
         }
+        // For modules' memory budgets (`memory.max`): possible only where
+        // the host's own cgroup hands the memory controller down to this
+        // one; without it the budgets are held by a watch of resident
+        // memory.
+        if let Err(e) = fs::write(base.join("cgroup.subtree_control"), b"+memory") {
+            debug!(error = %e, "no memory controller for the modules' cgroups; memory budgets are watched, not set in the kernel");
+        }
         let (warden, lifeline) = match start_warden(&base) {
             Ok(mut child) => {
                 let stdin = child.stdin.take();
@@ -175,11 +182,34 @@ impl IncarnationCgroup {
             })
     }
 
+    /// Caps the memory of its processes at `bytes` (`memory.max`): past it
+    /// the kernel reclaims, then kills one of them. An error when the
+    /// memory controller is not enabled for it (no `memory.max`).
+    /// Blocking: one file write.
+    pub(crate) fn limit_memory(&self, bytes: u64) -> io::Result<()> {
+        fs::write(self.dir.join("memory.max"), bytes.to_string())
+    }
+
     /// Kills every process in it, waits (within [`EMPTY_WITHIN`]) until it
     /// is empty, and removes it. Blocking: a few file writes and reads.
     pub(crate) fn kill_and_remove(self) {
         kill_and_remove(&self.dir, false);
     }
+}
+
+/// How many times the kernel killed a process of cgroup `dir` for going
+/// over its `memory.max` (`oom_kill` in `memory.events`); 0 without the
+/// memory controller. Blocking: one file read.
+pub(crate) fn oom_kills(dir: &Path) -> u64 {
+    fs::read_to_string(dir.join("memory.events"))
+        .ok()
+        .and_then(|events| {
+            events
+                .lines()
+                .find_map(|line| line.strip_prefix("oom_kill "))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Kills everything in cgroup `dir` (and the cgroups under it), waits until

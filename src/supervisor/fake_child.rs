@@ -27,6 +27,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use super::spawn::{Incarnation, Spawner};
+use super::usage::Usage;
 use crate::config::ModuleSpec;
 use crate::connection::PeerCheck;
 use crate::session::Session;
@@ -51,8 +52,24 @@ pub(crate) enum Healthz {
 }
 
 /// What one incarnation does.
+/// How a fake child's processes use the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cpu {
+    /// Not at all: asleep.
+    Idle,
+    /// A whole CPU, all the time.
+    Busy,
+    /// Stopped (SIGSTOP), after using a whole CPU.
+    Stopped,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
+    /// How its processes look to a sample: CPU used while running, stopped.
+    cpu: Cpu,
+    /// Its resident memory, in bytes, from its start; and, after a while,
+    /// another.
+    rss: (u64, Option<(Duration, u64)>),
     /// Its spawn fails with this `errno`.
     spawn_error: Option<i32>,
     /// Whether it listens on its socket at all.
@@ -71,6 +88,8 @@ impl Plan {
     /// Ready at once, healthy for ever.
     pub(crate) fn healthy() -> Plan {
         Plan {
+            cpu: Cpu::Idle,
+            rss: (10 << 20, None),
             spawn_error: None,
             listens: true,
             healthz: Healthz::Ok,
@@ -118,6 +137,19 @@ impl Plan {
     }
 
     /// Ignores SIGTERM.
+    /// Its processes use a whole CPU from its start (or stop, `Stopped`).
+    pub(crate) fn using(self, cpu: Cpu) -> Plan {
+        Plan { cpu, ..self }
+    }
+
+    /// Its resident memory becomes `bytes` once it has run for `after`.
+    pub(crate) fn growing_to(self, after: Duration, bytes: u64) -> Plan {
+        Plan {
+            rss: (self.rss.0, Some((after, bytes))),
+            ..self
+        }
+    }
+
     pub(crate) fn ignoring_sigterm(self) -> Plan {
         Plan {
             ignores_term: true,
@@ -186,6 +218,9 @@ impl FakeSpawner {
             None
         };
         Ok(FakeChild {
+            started,
+            cpu: plan.cpu,
+            rss: plan.rss,
             incarnation,
             exit: plan.exit.map(|(after, code)| (started + after, code)),
             ignores_term: plan.ignores_term,
@@ -214,6 +249,9 @@ impl Spawner for FakeSpawner {
 /// or caused by its stop.
 #[derive(Debug)]
 pub(crate) struct FakeChild {
+    started: Instant,
+    cpu: Cpu,
+    rss: (u64, Option<(Duration, u64)>),
     incarnation: u32,
     /// When it exits by itself, and with which code.
     exit: Option<(Instant, i32)>,
@@ -286,6 +324,33 @@ impl Incarnation for FakeChild {
             status = self.exited() => status.ok(),
             () = sleep(grace) => Some(self.end(killed_by(nix::libc::SIGKILL))),
         }
+    }
+
+    async fn usage(&self) -> Option<Usage> {
+        if self.status.is_some() {
+            return None;
+        }
+        let ran = self.started.elapsed();
+        let ticks_per_sec = 100;
+        let cpu_ticks = match self.cpu {
+            Cpu::Idle => 0,
+            Cpu::Busy | Cpu::Stopped => (ran.as_millis() / 10) as u64,
+        };
+        let rss_bytes = match self.rss {
+            (_, Some((after, bytes))) if ran >= after => bytes,
+            (bytes, _) => bytes,
+        };
+        Some(Usage {
+            cpu_ticks,
+            ticks_per_sec,
+            stopped: self.cpu == Cpu::Stopped,
+            rss_bytes,
+            processes: 1,
+        })
+    }
+
+    async fn killed_at_budget(&self) -> bool {
+        false
     }
 
     async fn clean_up(mut self) {

@@ -22,8 +22,9 @@ use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 use tracing::warn;
 
-use super::cgroup::IncarnationCgroup;
+use super::cgroup::{self, IncarnationCgroup};
 use super::containment::{after_stop, before_stop, containment};
+use super::usage::{self, Usage};
 use crate::config::ModuleSpec;
 use crate::connection::PeerCheck;
 use crate::descriptors;
@@ -52,7 +53,7 @@ pub(crate) trait Spawner: Send + Sync + 'static {
 
 /// One started incarnation, owned by its module task from its spawn to its
 /// end.
-pub(crate) trait Incarnation: Send + 'static {
+pub(crate) trait Incarnation: Send + Sync + 'static {
     /// The pid of its process, leader of its process group. Read once,
     /// right after the spawn.
     fn pid(&self) -> u32;
@@ -76,6 +77,13 @@ pub(crate) trait Incarnation: Send + 'static {
     /// Once it has stopped: kills what is left of it anywhere (its cgroup,
     /// processes it left behind) and forgets it.
     fn clean_up(self) -> impl Future<Output = ()> + Send;
+
+    /// What its processes use now ([`Usage`]); `None` once none is left.
+    fn usage(&self) -> impl Future<Output = Option<Usage>> + Send;
+
+    /// Whether the kernel killed one of its processes for going over its
+    /// memory budget (the cgroup's `memory.max`), once it has exited.
+    fn killed_at_budget(&self) -> impl Future<Output = bool> + Send;
 }
 
 /// The real [`Spawner`]: [`spawn_module`].
@@ -185,6 +193,23 @@ impl Incarnation for Spawned {
         // SIGTERM, double-forked daemons, what a forked module started.
         after_stop(self.pid, self.cgroup).await;
     }
+
+    async fn usage(&self) -> Option<Usage> {
+        let pid = self.pid;
+        tokio::task::spawn_blocking(move || usage::sample(pid))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn killed_at_budget(&self) -> bool {
+        let Some(dir) = self.cgroup.as_ref().map(|c| c.dir().to_path_buf()) else {
+            return false;
+        };
+        tokio::task::spawn_blocking(move || cgroup::oom_kills(&dir) > 0)
+            .await
+            .unwrap_or(false)
+    }
 }
 
 /// A started incarnation.
@@ -232,6 +257,14 @@ pub(crate) fn spawn_module(
             Stdio::null()
         }
     };
+    let cgroup = containment().cgroup_for(&spec.name, incarnation);
+    if let (Some(cgroup), Some(budget)) = (&cgroup, spec.supervision.memory_budget) {
+        // Where the kernel can hold the module to its budget, it does; the
+        // task's watch of its resident memory is there either way.
+        if let Err(error) = cgroup.limit_memory(budget) {
+            tracing::debug!(module = %spec.name, incarnation, %error, "no memory.max for the module's cgroup; its memory is watched");
+        }
+    }
     let mut cmd = Command::new(spec.program());
     cmd.args(&spec.args)
         .envs(&spec.env)
@@ -245,7 +278,6 @@ pub(crate) fn spawn_module(
         .stderr(append("err"))
         .kill_on_drop(true);
     let containment = containment();
-    let cgroup = containment.cgroup_for(&spec.name, incarnation);
     if let Some(cgroup) = &cgroup {
         // A Python module forked by the zygote moves itself there before
         // it runs.

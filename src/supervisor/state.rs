@@ -68,8 +68,8 @@ pub struct Event {
     pub at_ms: u64,
     /// The incarnation it concerns.
     pub incarnation: u32,
-    /// What happened: `spawned`, `waiting`, `ready`, `failed`, `restart`,
-    /// `stopped`.
+    /// What happened: `spawned`, `waiting`, `ready`, `busy`, `failed`,
+    /// `restart`, `stopped`.
     pub kind: &'static str,
     /// Details, such as the failure's reason.
     pub detail: String,
@@ -96,6 +96,11 @@ pub(crate) struct Status {
     pub(crate) ready_at: Option<SystemTime>,
     pub(crate) last_health_rtt: Option<Duration>,
     pub(crate) last_health_at: Option<SystemTime>,
+    /// Since when the module has been busy: its health checks unanswered
+    /// while its processes use CPU (see `usage::Miss`).
+    pub(crate) busy_since: Option<SystemTime>,
+    /// The resident memory of its processes at the last check, in bytes.
+    pub(crate) memory_bytes: Option<u64>,
     /// While in backoff: when the next incarnation starts, and the delay
     /// chosen; while waiting, the delay is the module's own (its `Retry-After`).
     pub(crate) next_start_at: Option<SystemTime>,
@@ -119,6 +124,8 @@ impl Default for Status {
             ready_at: None,
             last_health_rtt: None,
             last_health_at: None,
+            busy_since: None,
+            memory_bytes: None,
             next_start_at: None,
             backoff: None,
             gate: None,

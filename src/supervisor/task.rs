@@ -17,6 +17,7 @@ use tracing::{error, info, warn};
 use super::health::check_health;
 use super::spawn::{log_name, tail, Incarnation, Processes, Spawner};
 use super::state::{Gate, ModuleState};
+use super::usage::{Miss, Vitals};
 use super::ModuleShared;
 use crate::config::Supervision;
 use crate::connection::ModulePool;
@@ -152,6 +153,8 @@ impl<S: Spawner> ModuleTask<S> {
             s.incarnation = Some(incarnation);
             s.pid = None;
             s.failed_checks = 0;
+            s.busy_since = None;
+            s.memory_bytes = None;
             s.gate = None;
             s.ready_at = None;
             s.next_start_at = None;
@@ -238,13 +241,15 @@ impl<S: Spawner> ModuleTask<S> {
             );
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
             let mut failed_checks = 0u32;
+            let mut vitals = Vitals::default();
+            vitals.record(child.usage().await, Instant::now());
             loop {
                 tokio::select! {
                     biased;
                     _ = self.shutdown.cancelled() => break 'life End::Shutdown,
                     status = child.exited() => {
                         exited = status.as_ref().ok().copied();
-                        break 'life End::Failed(format!("exited ({})", describe(&status)));
+                        break 'life End::Failed(exit_reason(&child, &status, sup.memory_budget).await);
                     }
                     Some(Control::Restart) = self.controls.recv() => break 'life End::Restart,
                     _ = ticker.tick() => {}
@@ -254,25 +259,68 @@ impl<S: Spawner> ModuleTask<S> {
                     _ = self.shutdown.cancelled() => break 'life End::Shutdown,
                     status = child.exited() => {
                         exited = status.as_ref().ok().copied();
-                        break 'life End::Failed(format!("exited ({})", describe(&status)));
+                        break 'life End::Failed(exit_reason(&child, &status, sup.memory_budget).await);
                     }
                     checked = check_health(&client, sup.health_timeout) => checked,
                 };
-                match checked {
+                // What its processes did since the last check tells a busy
+                // module from a hung one.
+                let usage = child.usage().await;
+                let now = Instant::now();
+                let share = vitals.record(usage, now);
+                let rss = vitals.rss_bytes();
+                shared.update(|s| s.memory_bytes = rss);
+                if let (Some(rss), Some(budget)) = (rss, sup.memory_budget) {
+                    if rss > budget {
+                        break 'life End::Failed(over_budget(rss, budget));
+                    }
+                }
+                let failure = match checked {
                     Ok(rtt) => {
                         failed_checks = 0;
+                        vitals.answered();
                         shared.update(|s| {
                             s.failed_checks = 0;
+                            s.busy_since = None;
                             s.last_health_rtt = Some(rtt);
                             s.last_health_at = Some(SystemTime::now());
                         });
+                        continue;
                     }
-                    Err(failure) => {
-                        let reason = failure.reason;
+                    Err(failure) => failure,
+                };
+                let reason = failure.reason;
+                // A module that answered (not 200) is not busy: it said so.
+                let miss = if failure.answered {
+                    Miss::Hung
+                } else {
+                    vitals.missed(share, now, sup.busy_max)
+                };
+                match miss {
+                    Miss::Busy { share, for_ } => {
+                        let cpu = (share * 100.0).round();
+                        if for_.is_zero() {
+                            info!(incarnation, pid, cpu_percent = cpu, reason = %reason, "module busy: its health check went unanswered while it uses CPU");
+                            shared.update(|s| {
+                                s.busy_since = Some(SystemTime::now());
+                                s.record("busy", format!("{reason} while using {cpu}% of a CPU"));
+                            });
+                        }
+                        shared.update(|s| s.last_health_at = Some(SystemTime::now()));
+                    }
+                    Miss::BusyTooLong { for_ } => {
+                        break 'life End::Failed(format!(
+                            "busy for {}s without answering its health check (busy_max_secs {}); last: {reason}",
+                            for_.as_secs(),
+                            sup.busy_max.as_secs_f64()
+                        ));
+                    }
+                    Miss::Hung => {
                         failed_checks += 1;
                         warn!(incarnation, pid, failed_checks, reason = %reason, "module health check failed");
                         shared.update(|s| {
                             s.failed_checks = failed_checks;
+                            s.busy_since = None;
                             s.last_health_at = Some(SystemTime::now());
                         });
                         if failed_checks >= sup.failure_threshold {
@@ -426,6 +474,37 @@ pub(crate) fn backoff_delay(sup: &Supervision, failures: u32) -> Duration {
 /// less than what is left of [`MIN_RESTART_INTERVAL`].
 pub(crate) fn restart_delay(sup: &Supervision, failures: u32, since_start: Duration) -> Duration {
     backoff_delay(sup, failures).max(MIN_RESTART_INTERVAL.saturating_sub(since_start))
+}
+
+/// Why a ready incarnation ended by itself: its exit status, and, when the
+/// kernel killed it at its memory budget, that.
+async fn exit_reason<I: Incarnation>(
+    child: &I,
+    status: &io::Result<ExitStatus>,
+    budget: Option<u64>,
+) -> String {
+    match budget {
+        Some(budget) if child.killed_at_budget().await => format!(
+            "exited ({}): killed by the kernel at its memory budget of {} (memory_budget_mib)",
+            describe(status),
+            mib(budget)
+        ),
+        _ => format!("exited ({})", describe(status)),
+    }
+}
+
+/// The failure of a module whose processes hold more than its budget.
+fn over_budget(rss: u64, budget: u64) -> String {
+    format!(
+        "over its memory budget: its processes hold {} resident, the budget is {} (memory_budget_mib)",
+        mib(rss),
+        mib(budget)
+    )
+}
+
+/// Bytes in MiB, for people.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
 fn describe(status: &io::Result<ExitStatus>) -> String {

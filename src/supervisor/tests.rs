@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::fake_child::{FakeSpawner, Healthz, Plan};
+use super::fake_child::{Cpu, FakeSpawner, Healthz, Plan};
 use super::spawn::{Processes, Spawner};
 use super::state::Status;
 use super::task::{ModuleTask, MIN_RESTART_INTERVAL};
@@ -180,6 +180,102 @@ async fn replaces_module_whose_health_check_hangs() {
         assert_eq!((n, exited), (0, false));
         assert_eq!(stopped - r.spawns[0].1, Duration::from_millis(4500));
     });
+    m.stop().await;
+}
+
+/// A module whose health checks go unanswered while its processes use a
+/// CPU is busy (its event loop blocked building a big answer), not hung:
+/// it is kept, for as long as `busy_max` allows, and says so.
+#[tokio::test(start_paused = true)]
+async fn a_busy_module_is_kept_until_busy_max() {
+    let fake = FakeSpawner::new(|n| match n {
+        0 => Plan::healthy()
+            .using(Cpu::Busy)
+            .then(Duration::from_millis(1500), Healthz::Hang),
+        _ => Plan::healthy(),
+    });
+    let sup = Supervision {
+        busy_max: Duration::from_secs(20),
+        ..supervision()
+    };
+    let m = start(fake.clone(), "fake", sup);
+    m.healthy(0).await;
+    m.until("busy", |s| s.busy_since.is_some()).await;
+    // Well past three missed checks, it is still the first incarnation.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let report = m.handle.report();
+    assert_eq!(report.state, ModuleState::Healthy, "{report:?}");
+    assert_eq!(report.incarnation, Some(0));
+    assert_eq!(report.failed_checks, 0);
+    assert!(report.busy_since_ms.is_some(), "{report:?}");
+    assert!(
+        report.events.iter().any(|e| e.kind == "busy"),
+        "{:?}",
+        report.events
+    );
+    // Busy for longer than busy_max is a loop that never ends.
+    m.healthy(1).await;
+    let error = m.last_error();
+    assert!(
+        error.starts_with("busy for 20s without answering its health check (busy_max_secs 20)"),
+        "{error}"
+    );
+    fake.record(|r| {
+        let (n, stopped, _) = r.stops[0];
+        assert_eq!(n, 0);
+        let after = stopped - r.spawns[0].1;
+        assert!(after >= Duration::from_secs(22), "{after:?}");
+        assert!(after < Duration::from_secs(24), "{after:?}");
+    });
+    m.stop().await;
+}
+
+/// A stopped module (SIGSTOP) that used CPU before it stopped is hung, not
+/// busy: replaced after `failure_threshold` misses as any hang.
+#[tokio::test(start_paused = true)]
+async fn a_stopped_module_is_hung_not_busy() {
+    let fake = FakeSpawner::new(|n| match n {
+        0 => Plan::healthy()
+            .using(Cpu::Stopped)
+            .then(Duration::from_millis(1500), Healthz::Hang),
+        _ => Plan::healthy(),
+    });
+    let m = start(fake.clone(), "fake", supervision());
+    m.healthy(0).await;
+    m.healthy(1).await;
+    assert_eq!(
+        m.last_error(),
+        "3 health checks failed in a row; last: healthz did not answer within 500ms"
+    );
+    fake.record(|r| assert_eq!(r.stops[0].1 - r.spawns[0].1, Duration::from_millis(4500)));
+    m.stop().await;
+}
+
+/// A module whose processes grow past its memory budget is replaced at the
+/// next check, and the reason names the budget; its memory is reported.
+#[tokio::test(start_paused = true)]
+async fn a_module_over_its_memory_budget_is_replaced() {
+    let fake = FakeSpawner::new(|n| match n {
+        0 => Plan::healthy().growing_to(Duration::from_millis(3500), 300 << 20),
+        _ => Plan::healthy(),
+    });
+    let sup = Supervision {
+        memory_budget: Some(256 << 20),
+        ..supervision()
+    };
+    let m = start(fake.clone(), "fake", sup);
+    m.healthy(0).await;
+    m.until("its memory known", |s| s.memory_bytes == Some(10 << 20))
+        .await;
+    let report = m.handle.report();
+    assert_eq!(report.memory_budget_bytes, Some(256 << 20));
+    m.healthy(1).await;
+    assert_eq!(
+        m.last_error(),
+        "over its memory budget: its processes hold 300.0 MiB resident, the budget is 256.0 MiB (memory_budget_mib)"
+    );
+    // Checks at 1, 2, 3 s were under; the one at 4 s was over.
+    fake.record(|r| assert_eq!(r.stops[0].1 - r.spawns[0].1, Duration::from_secs(4)));
     m.stop().await;
 }
 

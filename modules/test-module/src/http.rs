@@ -224,6 +224,46 @@ pub(crate) async fn hang() -> Response {
     (StatusCode::OK, "hang over").into_response()
 }
 
+/// Query of `POST /test/spin`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct SpinQuery {
+    /// Milliseconds of CPU work.
+    ms: u64,
+}
+
+/// `POST /test/spin?ms=N`: computes for `N` ms on the only runtime thread,
+/// as a module building a big answer does: busy, not hung, though nothing
+/// else (health checks included) is served meanwhile.
+pub(crate) async fn spin(Query(query): Query<SpinQuery>) -> Response {
+    tracing::warn!(ms = query.ms, "computing on the runtime thread on request");
+    let until = std::time::Instant::now() + Duration::from_millis(query.ms);
+    let mut x = 0u64;
+    while std::time::Instant::now() < until {
+        for i in 0..10_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    (StatusCode::OK, format!("spun {x:x}")).into_response()
+}
+
+/// Query of `POST /test/grow`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct GrowQuery {
+    /// MiB to allocate, touch and keep.
+    mib: usize,
+}
+
+/// `POST /test/grow?mib=N`: allocates `N` MiB more, touches every page (so
+/// it is resident) and keeps it for the life of the process.
+pub(crate) async fn grow(Query(query): Query<GrowQuery>) -> Response {
+    static KEPT: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+    let block = vec![1u8; query.mib << 20];
+    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    kept.push(block);
+    let total: usize = kept.iter().map(Vec::len).sum();
+    (StatusCode::OK, format!("holding {} MiB", total >> 20)).into_response()
+}
+
 /// Query of `POST /test/print`.
 #[derive(Debug, Deserialize)]
 pub(crate) struct PrintQuery {

@@ -196,6 +196,8 @@ fn router(state: AppState) -> Router {
         .route("/test/ws/not", get(ws::not_websocket))
         .route("/test/crash", post(http::crash))
         .route("/test/hang", post(http::hang))
+        .route("/test/spin", post(http::spin))
+        .route("/test/grow", post(http::grow))
         .route("/test/print", post(http::print))
         .route("/test/slow", get(http::slow))
         .route("/test/status/{code}", get(http::status))

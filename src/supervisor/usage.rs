@@ -1,0 +1,242 @@
+//! What a module incarnation's processes use right now: CPU time, whether
+//! one is stopped, resident memory. The task samples it at every health
+//! check, to tell a *busy* module (its event loop blocked while it works:
+//! a missed check is no failure yet) from a *hung* one (stopped, or idle
+//! and silent), and to hold the module to its memory budget. Blocking:
+//! every sample reads `/proc`.
+
+use std::time::Duration;
+
+use ray_dashd_contract::proc;
+// Tokio's clock: the supervisor's tests pause and advance it.
+use tokio::time::Instant;
+
+use super::containment::containment;
+
+/// The least share of one CPU that a module's processes must have used
+/// since the previous sample for a missed health check to count as busy:
+/// an event loop blocked on a computation uses a whole CPU, or what the
+/// scheduler leaves it on a crowded machine; one blocked waiting on
+/// something that never comes uses next to none.
+pub(crate) const BUSY_CPU_SHARE: f64 = 0.2;
+
+/// One look at an incarnation's processes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    /// CPU time used so far by its live processes together, user and
+    /// kernel, in clock ticks.
+    pub(crate) cpu_ticks: u64,
+    /// The clock ticks in a second (`sysconf(_SC_CLK_TCK)`).
+    pub(crate) ticks_per_sec: u64,
+    /// Whether one of its processes is stopped (`T`, a SIGSTOP) or stopped
+    /// by a tracer (`t`).
+    pub(crate) stopped: bool,
+    /// Their resident memory together (`VmRSS`), in bytes.
+    pub(crate) rss_bytes: u64,
+    /// How many live processes it has.
+    pub(crate) processes: usize,
+}
+
+impl Usage {
+    /// The share of one CPU used between `earlier` and this sample, taken
+    /// `elapsed` apart; 0 when no time passed.
+    pub(crate) fn cpu_share_since(&self, earlier: &Usage, elapsed: Duration) -> f64 {
+        let secs = elapsed.as_secs_f64();
+        if secs <= 0.0 || self.ticks_per_sec == 0 {
+            return 0.0;
+        }
+        let ticks = self.cpu_ticks.saturating_sub(earlier.cpu_ticks);
+        ticks as f64 / self.ticks_per_sec as f64 / secs
+    }
+}
+
+/// Samples the live processes of the incarnation led by `leader` (itself,
+/// its process group, and what it started elsewhere; see
+/// [`super::descendants`]). `None` once none of them is left.
+pub(crate) fn sample(leader: u32) -> Option<Usage> {
+    let owned = containment().descendants.owned_by(leader);
+    let mut usage = Usage {
+        ticks_per_sec: ticks_per_sec(),
+        ..Usage::default()
+    };
+    for p in owned {
+        let Ok(stat) = proc::stat(p.id.pid) else {
+            continue;
+        };
+        if stat.is_dead() || stat.start != p.id.start {
+            continue;
+        }
+        usage.processes += 1;
+        usage.cpu_ticks += stat.utime + stat.stime;
+        usage.stopped |= matches!(stat.state, 'T' | 't');
+        usage.rss_bytes += proc::status_kib(p.id.pid, "VmRSS").unwrap_or(0) * 1024;
+    }
+    (usage.processes > 0).then_some(usage)
+}
+
+/// `sysconf(_SC_CLK_TCK)`: 100 on every Linux in use.
+fn ticks_per_sec() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .and_then(|t| u64::try_from(t).ok())
+        .filter(|t| *t > 0)
+        .unwrap_or(100)
+}
+
+/// What a missed health check (no answer in time) means, given the
+/// module's processes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Miss {
+    /// Its processes used this share of a CPU since the last sample, and
+    /// none is stopped: it is working, its loop blocked. It has been so
+    /// since `for_` ago; not a failure until `busy_max`.
+    Busy { share: f64, for_: Duration },
+    /// Busy, but for longer than `busy_max`: a loop that never ends.
+    BusyTooLong { for_: Duration },
+    /// Stopped, or idle and silent, or not to be sampled: a failure.
+    Hung,
+}
+
+/// The samples of one incarnation, and how long it has been busy.
+#[derive(Debug, Default)]
+pub(crate) struct Vitals {
+    last: Option<(Usage, Instant)>,
+    /// When the current run of busy misses began.
+    busy_since: Option<Instant>,
+}
+
+impl Vitals {
+    /// Takes a new sample (taken at `at`); returns the CPU share used since
+    /// the previous one, when there was one.
+    pub(crate) fn record(&mut self, usage: Option<Usage>, at: Instant) -> Option<f64> {
+        let share = match (&usage, &self.last) {
+            (Some(now), Some((before, then))) => {
+                Some(now.cpu_share_since(before, at.saturating_duration_since(*then)))
+            }
+            _ => None,
+        };
+        self.last = usage.map(|u| (u, at));
+        share
+    }
+
+    /// Judges a missed check at `at`, given the share [`Vitals::record`]
+    /// returned for the sample taken with it.
+    pub(crate) fn missed(&mut self, share: Option<f64>, at: Instant, busy_max: Duration) -> Miss {
+        let stopped = self.last.is_some_and(|(u, _)| u.stopped);
+        match share {
+            Some(share) if share >= BUSY_CPU_SHARE && !stopped => {
+                let since = *self.busy_since.get_or_insert(at);
+                let for_ = at.saturating_duration_since(since);
+                if for_ >= busy_max {
+                    Miss::BusyTooLong { for_ }
+                } else {
+                    Miss::Busy { share, for_ }
+                }
+            }
+            _ => {
+                self.busy_since = None;
+                Miss::Hung
+            }
+        }
+    }
+
+    /// The module answered: whatever run of busy misses there was is over.
+    pub(crate) fn answered(&mut self) {
+        self.busy_since = None;
+    }
+
+    /// The resident memory of the last sample, in bytes.
+    pub(crate) fn rss_bytes(&self) -> Option<u64> {
+        self.last.map(|(u, _)| u.rss_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn busy_at(ticks: u64) -> Option<Usage> {
+        Some(Usage {
+            cpu_ticks: ticks,
+            ticks_per_sec: 100,
+            processes: 1,
+            ..Usage::default()
+        })
+    }
+
+    #[test]
+    fn a_module_using_cpu_is_busy_until_busy_max() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let max = Duration::from_secs(3);
+        let mut v = Vitals::default();
+        assert_eq!(v.record(busy_at(0), s(0)), None);
+        // With no share known (the first sample) a miss is a failure.
+        assert_eq!(v.missed(None, s(0), max), Miss::Hung);
+        let share = v.record(busy_at(90), s(1));
+        assert_eq!(share, Some(0.9));
+        assert_eq!(
+            v.missed(share, s(1), max),
+            Miss::Busy {
+                share: 0.9,
+                for_: Duration::ZERO
+            }
+        );
+        let share = v.record(busy_at(190), s(2));
+        assert!(
+            matches!(v.missed(share, s(2), max), Miss::Busy { for_, .. } if for_ == Duration::from_secs(1))
+        );
+        let share = v.record(busy_at(290), s(4));
+        assert_eq!(
+            v.missed(share, s(4), max),
+            Miss::BusyTooLong {
+                for_: Duration::from_secs(3)
+            }
+        );
+        // An answer ends the run: the next busy miss starts a new one.
+        v.answered();
+        let share = v.record(busy_at(390), s(5));
+        assert!(matches!(v.missed(share, s(5), max), Miss::Busy { for_, .. } if for_.is_zero()));
+    }
+
+    #[test]
+    fn an_idle_or_stopped_module_is_hung() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let max = Duration::from_secs(60);
+        let mut v = Vitals::default();
+        v.record(busy_at(0), s(0));
+        // 5 ticks in a second: 5 % of a CPU, below the busy share.
+        let share = v.record(busy_at(5), s(1));
+        assert_eq!(v.missed(share, s(1), max), Miss::Hung);
+        // Using CPU but stopped (the sample's CPU was used before the stop).
+        let stopped = busy_at(100).map(|u| Usage { stopped: true, ..u });
+        let share = v.record(stopped, s(2));
+        assert_eq!(share, Some(0.95));
+        assert_eq!(v.missed(share, s(2), max), Miss::Hung);
+        // Gone: nothing to sample.
+        let share = v.record(None, s(3));
+        assert_eq!(v.missed(share, s(3), max), Miss::Hung);
+        assert_eq!(v.rss_bytes(), None);
+    }
+
+    #[test]
+    fn cpu_share_is_the_ticks_used_over_the_time_passed() {
+        let at = |ticks| Usage {
+            cpu_ticks: ticks,
+            ticks_per_sec: 100,
+            processes: 1,
+            ..Usage::default()
+        };
+        let second = Duration::from_secs(1);
+        assert_eq!(at(150).cpu_share_since(&at(50), second), 1.0);
+        assert_eq!(
+            at(60).cpu_share_since(&at(50), Duration::from_secs(2)),
+            0.05
+        );
+        // A process that ended takes its ticks with it: never negative.
+        assert_eq!(at(10).cpu_share_since(&at(50), second), 0.0);
+        assert_eq!(at(150).cpu_share_since(&at(50), Duration::ZERO), 0.0);
+    }
+}

@@ -99,7 +99,7 @@ impl StartupError {
 const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Why a request could not be forwarded to a module.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ProxyError {
     /// No route claims the path.
     #[error("no route for {path}")]

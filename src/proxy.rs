@@ -5,6 +5,7 @@
 mod body;
 mod headers;
 mod idle;
+mod shared;
 mod websocket;
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::response::Response;
 use http::uri::PathAndQuery;
-use http::{header, HeaderValue, Request, Uri, Version};
+use http::{header, HeaderValue, Method, Request, Uri, Version};
 use http_body_util::{LengthLimitError, Limited};
 
 use crate::config::ServerSettings;
@@ -29,6 +30,7 @@ pub(crate) use body::CancelableBody;
 pub(crate) use headers::strip_hop_by_hop;
 pub(crate) use idle::{is_send_timeout, WriteTimeout};
 use idle::{BodyTimeout, ClientBodyError};
+use shared::{Shared, SharedAnswers};
 
 /// The first of `error` and its causes that is an `E`.
 fn cause<'a, E: std::error::Error + 'static>(
@@ -51,6 +53,8 @@ pub struct Proxy {
     /// takes a snapshot, so a lookup and its forward see the same table.
     routing: ArcSwap<Routing>,
     settings: ServerSettings,
+    /// The kept and pending answers of cacheable routes.
+    shared: Arc<SharedAnswers>,
 }
 
 /// The route table and the modules its targets index.
@@ -99,6 +103,7 @@ impl Proxy {
         Proxy {
             routing: ArcSwap::from_pointee(Routing::new(modules)),
             settings,
+            shared: Arc::default(),
         }
     }
 
@@ -106,6 +111,7 @@ impl Proxy {
     /// keep the modules they were routed to.
     pub fn set_modules(&self, modules: Arc<[ModuleHandle]>) {
         self.routing.store(Arc::new(Routing::new(modules)));
+        self.shared.clear();
     }
 
     /// Finds the route for `request`.
@@ -140,7 +146,23 @@ impl Proxy {
         };
         let module = &routing.modules[target.module];
         let started = std::time::Instant::now();
-        let result = self.forward_to(module, request, target.kind).await;
+        let cache = module.spec().routes[target.route].cache;
+        let result = match cache {
+            Some(max) if request.method() == Method::GET && !has_body(&request) => {
+                match self.shared.get(module, request, max, &self.settings).await {
+                    Shared::Answered(result) => result,
+                    Shared::Forward(request) => self.forward_to(module, request, target.kind).await,
+                }
+            }
+            _ if is_write(request.method()) => {
+                self.shared.written();
+                let result = self.forward_to(module, request, target.kind).await;
+                // Done (or failed) by the time its answer starts.
+                self.shared.written();
+                result
+            }
+            _ => self.forward_to(module, request, target.kind).await,
+        };
         let status = match &result {
             Ok(response) => response.status(),
             Err(error) => error.status(),
@@ -209,6 +231,25 @@ impl Proxy {
         let open = (kind == RouteKind::Stream).then(|| module.metrics().stream_open());
         Ok(downstream_response(module, &gate, response, open))
     }
+}
+
+/// Whether a request may change what a module answers to others: any
+/// method but the safe ones (RFC 9110 §9.2.1).
+fn is_write(method: &Method) -> bool {
+    !matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
+}
+
+/// Whether a request says it carries a body (a `GET` with one is never
+/// answered from shared answers, which would drop it).
+fn has_body(request: &Request<Body>) -> bool {
+    request.headers().contains_key(header::TRANSFER_ENCODING)
+        || request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
 }
 
 /// Rewrites the client's request for the module: same method, path, query,

@@ -13,6 +13,7 @@ pub mod gcs;
 pub mod metrics;
 pub mod parent;
 pub mod python;
+pub mod shared_routes;
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -373,12 +374,14 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
             module.supervision.memory_budget = Some(budget);
         }
     }
+    let shared = shared_routes::mark(&mut config.modules[before..], settings.cache);
     info!(
         gcs = %gcs_address,
         ray_version = %parent.ray_version,
         modules = config.modules.len() - before,
         token_auth = parent.token.is_some(),
         tls = tls.is_some(),
+        shared_routes = shared,
         "hosting Ray's dashboard modules"
     );
     if settings.client_port != 0 {
@@ -593,6 +596,7 @@ fn client_proxy_spec(
             method: http::Method::GET,
             path: "/api/client_proxy/clients".to_owned(),
             kind: RouteKind::Http,
+            cache: None,
         }],
         supervision,
     }

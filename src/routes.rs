@@ -18,6 +18,11 @@ pub struct RouteSpec {
     pub path: String,
     /// How the host forwards it.
     pub kind: RouteKind,
+    /// For a `GET` `http` route whose answers are the same for every
+    /// client (cluster state polled by many pages): the most a shared
+    /// answer may be aged when it is served (see `proxy::shared`). `None`:
+    /// every request goes to the module.
+    pub cache: Option<std::time::Duration>,
 }
 
 /// How the host forwards a route.
@@ -152,6 +157,7 @@ mod tests {
                 method: Method::from_bytes(m.as_bytes()).expect("method"),
                 path: (*p).into(),
                 kind: *k,
+                cache: None,
             })
             .collect()
     }

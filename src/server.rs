@@ -587,6 +587,7 @@ mod tests {
                 method: http::Method::GET,
                 path: "/ghost".to_owned(),
                 kind: RouteKind::Http,
+                cache: None,
             }],
             supervision: Supervision::default(),
         };

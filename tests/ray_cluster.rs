@@ -61,6 +61,27 @@ async fn a_second_node_is_seen_and_used_through_ray_dashd() {
         .await
         .expect("the UI's node summary");
     let drawn = summary["data"]["summary"].as_array().expect("summary list");
+    // A polled route of Ray's, shared: the second of two GETs at once joins
+    // the first, or is served the answer it left.
+    let (a, b) = tokio::join!(
+        authed().get(d.url("/nodes?view=summary")).send(),
+        authed().get(d.url("/nodes?view=summary")).send()
+    );
+    let how = |r: &reqwest::Response| {
+        r.headers()
+            .get("x-dashd-shared")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (a, b) = (a.expect("GET /nodes"), b.expect("GET /nodes"));
+    let ways = [how(&a), how(&b)];
+    assert!(
+        ways.iter().all(Option::is_some)
+            && ways
+                .iter()
+                .any(|w| matches!(w.as_deref(), Some("joined" | "hit" | "stale"))),
+        "/nodes?view=summary is not shared: {ways:?}"
+    );
     assert_eq!(drawn.len(), 2, "{summary:#}");
     assert!(
         drawn

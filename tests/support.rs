@@ -36,6 +36,7 @@ pub const TEST_ROUTES: &[(&str, &str, &str)] = &[
     ("POST", "/test/hang", "http"),
     ("POST", "/test/spin", "http"),
     ("POST", "/test/grow", "http"),
+    ("GET", "/test/count", "http"),
     ("POST", "/test/print", "http"),
     ("GET", "/test/slow", "http"),
     ("GET", "/test/status/{code}", "http"),
@@ -52,6 +53,8 @@ pub struct ModuleDef {
     env: Vec<(String, String)>,
     routes: Vec<(String, String, String)>,
     supervision: Vec<(String, String)>,
+    /// Routes (by path) with a `cache_secs`.
+    cached: Vec<(String, String)>,
 }
 
 /// The test module under `name`, serving every test route under `prefix`
@@ -66,6 +69,7 @@ pub fn test_module(name: &str) -> ModuleDef {
             .map(|(m, p, k)| (m.to_string(), p.to_string(), k.to_string()))
             .collect(),
         supervision: vec![],
+        cached: vec![],
     }
 }
 
@@ -77,6 +81,7 @@ pub fn command_module(name: &str, command: &[&str]) -> ModuleDef {
         env: vec![],
         routes: vec![],
         supervision: vec![],
+        cached: vec![],
     }
 }
 
@@ -93,6 +98,12 @@ impl ModuleDef {
             .iter()
             .map(|(m, p, k)| (m.to_string(), p.to_string(), k.to_string()))
             .collect();
+        self
+    }
+
+    /// Gives the route with `path` a `cache_secs` (a TOML value).
+    pub fn cached(mut self, path: &str, secs: &str) -> Self {
+        self.cached.push((path.into(), secs.into()));
         self
     }
 
@@ -125,8 +136,14 @@ impl ModuleDef {
         }
         t += "routes = [\n";
         for (m, p, k) in &self.routes {
+            let cache = self
+                .cached
+                .iter()
+                .find(|(path, _)| path == p)
+                .map(|(_, secs)| format!(", cache_secs = {secs}"))
+                .unwrap_or_default();
             t += &format!(
-                "  {{ method = {}, path = {}, type = {} }},\n",
+                "  {{ method = {}, path = {}, type = {}{cache} }},\n",
                 quote(m),
                 quote(p),
                 quote(k)

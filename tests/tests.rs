@@ -32,6 +32,7 @@ mod ray_serving;
 mod ray_setup;
 mod ray_tls;
 mod reload;
+mod shared_answers;
 mod shutdown;
 mod sockets;
 mod supervisor;

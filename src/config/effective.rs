@@ -138,6 +138,7 @@ fn ray(config: &Config) -> RawRay {
         gcs_gone_secs: secs(r.gcs_gone_after),
         launch: Some(r.launch),
         memory_budget_mib: r.memory_budget.map(|bytes| bytes / (1024 * 1024)),
+        cache_secs: Some(r.cache.map_or(0.0, |d| d.as_secs_f64())),
     }
 }
 
@@ -156,6 +157,7 @@ fn module(m: &ModuleSpec, defaults: &Supervision) -> RawModule {
                 method: r.method.to_string(),
                 path: r.path.clone(),
                 kind: r.kind,
+                cache_secs: r.cache.map(|d| d.as_secs_f64()),
             })
             .collect(),
     }

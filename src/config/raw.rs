@@ -45,6 +45,8 @@ pub(super) struct RawRay {
     pub(super) launch: Option<RayLaunch>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) memory_budget_mib: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) cache_secs: Option<f64>,
 }
 
 /// Only modules: what `routes.py` generates for Ray's modules.
@@ -149,6 +151,8 @@ pub(super) struct RawRoute {
     pub(super) path: String,
     #[serde(rename = "type")]
     pub(super) kind: RouteKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) cache_secs: Option<f64>,
 }
 
 // === layering ===
@@ -244,6 +248,7 @@ impl RawRay {
             gcs_gone_secs: over.gcs_gone_secs.or(self.gcs_gone_secs),
             launch: over.launch.or(self.launch),
             memory_budget_mib: over.memory_budget_mib.or(self.memory_budget_mib),
+            cache_secs: over.cache_secs.or(self.cache_secs),
         }
     }
 }

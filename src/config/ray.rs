@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 /// after the same time (`gcs_rpc_server_reconnect_timeout_s`).
 pub const GCS_GONE_AFTER: Duration = Duration::from_secs(60);
 
+/// Default of `[ray] cache_secs`: an answer of one of Ray's polled routes
+/// is shared for up to 2 s, the staleness a page polled every second
+/// already shows.
+pub const DEFAULT_CACHE: Duration = Duration::from_secs(2);
+
 /// The port Ray clients connect to (`ray://head:10001`).
 pub const DEFAULT_CLIENT_PORT: u16 = 10001;
 
@@ -58,6 +63,10 @@ pub struct RaySettings {
     /// The memory budget of each of Ray's modules (and the Ray Client
     /// proxy), in bytes, unless its own supervision names one.
     pub memory_budget: Option<u64>,
+    /// How old a shared answer of Ray's polled routes may be when served
+    /// (`crate::ray::shared_routes`); `None`: every request goes to the
+    /// module.
+    pub cache: Option<Duration>,
 }
 
 impl Default for RaySettings {
@@ -69,6 +78,7 @@ impl Default for RaySettings {
             gcs_gone_after: GCS_GONE_AFTER,
             launch: RayLaunch::Fork,
             memory_budget: None,
+            cache: Some(DEFAULT_CACHE),
         }
     }
 }

@@ -178,6 +178,7 @@ fn added_module_values_are_checked_like_the_files_modules() {
             method: http::Method::GET,
             path: path.to_owned(),
             kind: crate::routes::RouteKind::Http,
+            cache: None,
         }],
         supervision: Supervision::default(),
     };
@@ -342,6 +343,19 @@ fn rejects_bad_names_patterns_and_settings() {
         ("[module_defaults]\nmemory_budget_mib = 0\n", "module_defaults.memory_budget_mib"),
         ("[module_defaults]\nbusy_max_secs = 0\n", "module_defaults.busy_max_secs"),
         ("[ray]\nmemory_budget_mib = 0\n", "ray.memory_budget_mib"),
+        ("[ray]\ncache_secs = -1\n", "ray.cache_secs"),
+        (
+            "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nroutes = [{ method = \"POST\", path = \"/x\", type = \"http\", cache_secs = 1 }]\n",
+            "modules[0].routes[0].cache_secs",
+        ),
+        (
+            "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nroutes = [{ method = \"GET\", path = \"/x\", type = \"stream\", cache_secs = 1 }]\n",
+            "modules[0].routes[0].cache_secs",
+        ),
+        (
+            "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nroutes = [{ method = \"GET\", path = \"/x\", type = \"http\", cache_secs = 0 }]\n",
+            "modules[0].routes[0].cache_secs",
+        ),
     ];
     for (text, field) in cases {
         let msg = load(text).expect_err(text).to_string();
@@ -387,8 +401,25 @@ supervision = { busy_max_secs = 5, memory_budget_mib = 64 }
     assert_eq!(b.busy_max, Duration::from_secs(5));
     assert_eq!(b.memory_budget, Some(64 << 20));
     assert_eq!(load("").expect("valid").module_defaults.memory_budget, None);
-    let ray = load("[ray]\nmemory_budget_mib = 2048\n").expect("valid").ray;
+    let ray = load("[ray]\nmemory_budget_mib = 2048\n")
+        .expect("valid")
+        .ray;
     assert_eq!(ray.memory_budget, Some(2048 << 20));
+}
+
+#[test]
+fn route_cache_and_ray_cache_secs() {
+    let text = "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nroutes = [{ method = \"GET\", path = \"/x\", type = \"http\", cache_secs = 1.5 }]\n";
+    let c = load(text).expect("valid");
+    assert_eq!(
+        c.modules[0].routes[0].cache,
+        Some(Duration::from_millis(1500))
+    );
+    assert_eq!(c.ray.cache, Some(crate::config::ray::DEFAULT_CACHE));
+    assert_eq!(
+        load("[ray]\ncache_secs = 0\n").expect("valid").ray.cache,
+        None
+    );
 }
 
 #[test]

@@ -10,7 +10,9 @@ use http::Method;
 
 use super::hosts::{allowed_host, allowed_origin};
 use super::raw::{RawConfig, RawModule, RawSupervision};
-use super::ray::{PythonSource, RayPython, RaySettings, DEFAULT_CLIENT_PORT, GCS_GONE_AFTER};
+use super::ray::{
+    PythonSource, RayPython, RaySettings, DEFAULT_CACHE, DEFAULT_CLIENT_PORT, GCS_GONE_AFTER,
+};
 use super::{
     Config, ModuleSpec, Rotation, ServerSettings, Supervision, TlsFiles, DEFAULT_BACKUP_COUNT,
     DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_MAX_BYTES, MIN_HEADER_BYTES,
@@ -147,6 +149,18 @@ impl Validator<'_> {
                     }
                     mib => mib.map(|mib| mib.saturating_mul(1024 * 1024)),
                 },
+                cache: match raw.ray.cache_secs {
+                    None => Some(DEFAULT_CACHE),
+                    Some(0.0) => None,
+                    Some(secs) if secs > 0.0 && secs <= 3600.0 => {
+                        Some(Duration::from_secs_f64(secs))
+                    }
+                    Some(_) => {
+                        return Err(
+                            self.invalid("ray.cache_secs", "must be 0 (off) or more, at most 3600")
+                        )
+                    }
+                },
             },
         })
     }
@@ -206,6 +220,29 @@ impl Validator<'_> {
         Ok(Some(chosen))
     }
 
+    /// A route's `cache_secs`: only for `GET` routes of kind `http`, whose
+    /// answers can be shared; more than 0 and at most an hour.
+    fn route_cache(
+        &self,
+        at: &str,
+        method: &Method,
+        kind: RouteKind,
+        secs: Option<f64>,
+    ) -> Result<Option<Duration>, ConfigError> {
+        let Some(secs) = secs else { return Ok(None) };
+        let field = format!("{at}.cache_secs");
+        if *method != Method::GET || kind != RouteKind::Http {
+            return Err(self.invalid(
+                field,
+                "only a GET route of type \"http\" may be cached (a write, a stream or a websocket is never shared)",
+            ));
+        }
+        if !(secs > 0.0 && secs <= 3600.0) {
+            return Err(self.invalid(field, "must be more than 0 and at most 3600"));
+        }
+        Ok(Some(Duration::from_secs_f64(secs)))
+    }
+
     /// Validates `raw` modules, which come after `existing` ones.
     pub(super) fn modules(
         &self,
@@ -227,10 +264,12 @@ impl Validator<'_> {
                 let rat = format!("{at}.routes[{j}]");
                 let method = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
                     .map_err(|_| self.invalid(format!("{rat}.method"), "not an HTTP method"))?;
+                let cache = self.route_cache(&rat, &method, r.kind, r.cache_secs)?;
                 let route = RouteSpec {
                     method,
                     path: r.path,
                     kind: r.kind,
+                    cache,
                 };
                 self.claim_route(&mut claims, &rat, &m.name, &route)?;
                 routes.push(route);

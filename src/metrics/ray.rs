@@ -308,6 +308,7 @@ mod tests {
             method: http::Method::GET,
             path: "/api/jobs/{job_or_submission_id}".to_owned(),
             kind: crate::routes::RouteKind::Http,
+            cache: None,
         });
         assert!(!ray.encode().contains("/api/jobs/"));
         route.record(&ray, StatusCode::NOT_FOUND, 0.02);

@@ -224,6 +224,37 @@ pub(crate) async fn hang() -> Response {
     (StatusCode::OK, "hang over").into_response()
 }
 
+/// Query of `GET /test/count`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct CountQuery {
+    /// Milliseconds to wait before answering (default 0).
+    ms: Option<u64>,
+    /// A header to answer with, `name:value` (say `set-cookie:a=b`).
+    header: Option<String>,
+    /// The status to answer with (default 200).
+    status: Option<u16>,
+}
+
+/// `GET /test/count?ms=N`: counts the requests that reached the module
+/// and answers, after `N` ms, with the count so far (`{"n": …}`): how
+/// shared answers are seen to spare the module.
+pub(crate) async fn count(Query(query): Query<CountQuery>) -> Response {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed) + 1;
+    tokio::time::sleep(Duration::from_millis(query.ms.unwrap_or(0))).await;
+    let status = StatusCode::from_u16(query.status.unwrap_or(200)).unwrap_or(StatusCode::OK);
+    let mut response = (status, Json(json!({ "n": n }))).into_response();
+    if let Some((name, value)) = query.header.as_deref().and_then(|h| h.split_once(':')) {
+        if let (Ok(name), Ok(value)) = (
+            header::HeaderName::from_bytes(name.as_bytes()),
+            header::HeaderValue::from_str(value),
+        ) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    response
+}
+
 /// Query of `POST /test/spin`.
 #[derive(Debug, Deserialize)]
 pub(crate) struct SpinQuery {

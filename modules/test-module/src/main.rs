@@ -197,6 +197,7 @@ fn router(state: AppState) -> Router {
         .route("/test/crash", post(http::crash))
         .route("/test/hang", post(http::hang))
         .route("/test/spin", post(http::spin))
+        .route("/test/count", get(http::count))
         .route("/test/grow", post(http::grow))
         .route("/test/print", post(http::print))
         .route("/test/slow", get(http::slow))

@@ -1,0 +1,520 @@
+//! Shared answers for routes declared cacheable (`cache_secs`): the same
+//! `GET` from many clients at once is one request to the module, and an
+//! answer is served again, while a fresh one is fetched behind it, for as
+//! long as it is younger than the route's `cache_secs`.
+//!
+//! Made for cluster state that many pages poll every second (Ray's
+//! `/nodes?view=summary`, `/logical/actors`): on a big cluster the module
+//! takes seconds to build each answer, and without this every open tab
+//! made it build the same one again, each waiting behind the others.
+//!
+//! For a request to such a route, with `max` its `cache_secs`:
+//!
+//! - an answer younger than `max / 2` is served as it is (`hit`);
+//! - one younger than `max` is served too (`stale`), and, unless one is
+//!   under way, a new fetch starts in a task of its own;
+//! - else the request waits for the fetch under way, or starts one
+//!   (`joined`, `fetched`).
+//!
+//! An answer's age counts from when its last byte came from the module, so
+//! no client is served an answer that has been complete for longer than
+//! `max`. Only whole `200` answers without `Set-Cookie`, `Vary` (but
+//! `Accept-Encoding`) or `Cache-Control: private`/`no-store` are kept, up
+//! to [`MAX_ANSWER_BYTES`] each and [`MAX_TOTAL_BYTES`] together; other
+//! answers reach those that waited for them and are not kept. A fetch is
+//! sent with the first client's headers, without `Accept-Encoding` (one
+//! identity answer serves every client). Every response says how it was
+//! served in `x-dashd-shared`, and its age in `Age` (RFC 9111 §5.1).
+//! No lock is held across an await.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{send, upstream_request};
+use crate::config::ServerSettings;
+use crate::error::ProxyError;
+use crate::supervisor::{ModuleHandle, NotReady};
+
+/// The largest answer kept; a larger one goes to the client that fetched it
+/// as it streams, and every other client asks the module itself.
+pub(crate) const MAX_ANSWER_BYTES: usize = 64 << 20;
+/// The most memory all kept answers take together; past it the oldest go.
+pub(crate) const MAX_TOTAL_BYTES: usize = 256 << 20;
+/// How many times a request waits for a fetch whose client went away
+/// before it fetches for itself.
+const MAX_JOINS: usize = 3;
+/// The response header that says how an answer was served.
+pub(crate) const SHARED_HEADER: HeaderName = HeaderName::from_static("x-dashd-shared");
+
+/// One module's answer, whole, as it is kept and shared.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    /// When its last byte came.
+    at: Instant,
+    /// Whether it may go to other clients than the one it was fetched
+    /// for (see [`may_share`]).
+    shareable: bool,
+    /// Whether it may be served again to later requests: a shareable `200`.
+    keep: bool,
+}
+
+impl Answer {
+    fn age(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.at)
+    }
+
+    /// The answer as a response, served `how`.
+    fn response(&self, how: &'static str) -> Response {
+        let mut response = Response::new(Body::from(self.body.clone()));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers.clone();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(self.body.len()));
+        headers.insert(SHARED_HEADER, HeaderValue::from_static(how));
+        headers.insert(
+            header::AGE,
+            HeaderValue::from(self.age(Instant::now()).as_secs()),
+        );
+        response
+    }
+}
+
+/// What a fetch gives those that waited for it.
+#[derive(Debug, Clone)]
+enum Outcome {
+    /// The module's answer, whole, fit for all who asked.
+    Answer(Arc<Answer>),
+    /// The module could not be asked, or failed.
+    Failed(ProxyError),
+    /// The answer was for its client alone (`Set-Cookie`, `private`), or
+    /// too large to keep: each asks the module itself.
+    AskYourself,
+}
+
+/// How a request for a cacheable route ends.
+pub(crate) enum Shared {
+    /// Answered here.
+    Answered(Result<Response, ProxyError>),
+    /// To be forwarded as any request: the request, rebuilt.
+    Forward(Request<Body>),
+}
+
+/// What is known of one URL of one module.
+#[derive(Debug, Default)]
+struct Slot {
+    answer: Option<Arc<Answer>>,
+    /// The fetch under way, if one is.
+    fetch: Option<watch::Receiver<Option<Outcome>>>,
+}
+
+/// The URL of a module, which names a shared answer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    module: Arc<str>,
+    path_and_query: String,
+}
+
+/// The shared answers of every cacheable route.
+#[derive(Debug, Default)]
+pub(crate) struct SharedAnswers {
+    slots: Mutex<HashMap<Key, Slot>>,
+    /// Counts the writes forwarded: a fetch that started before one is
+    /// handed to those waiting for it, but not kept.
+    writes: AtomicU64,
+}
+
+/// What a request does, decided under the lock.
+enum Step {
+    Serve(Arc<Answer>, &'static str),
+    Join(watch::Receiver<Option<Outcome>>),
+    Fetch(watch::Sender<Option<Outcome>>),
+}
+
+impl SharedAnswers {
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets every answer: the routes may have changed (a reload).
+    pub(crate) fn clear(&self) {
+        self.slots().clear();
+    }
+
+    /// A write (any method but `GET`, `HEAD`, `OPTIONS`) went to a module,
+    /// or is about to: every kept answer is forgotten, and no fetch under
+    /// way is kept, so that a client reads its own writes (a job submitted
+    /// is listed by the next `GET /api/jobs/`) through every module.
+    pub(crate) fn written(&self) {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        for slot in self.slots().values_mut() {
+            slot.answer = None;
+        }
+    }
+
+    /// Answers a `GET` for a route whose answers may be `max` old.
+    pub(crate) async fn get(
+        self: &Arc<Self>,
+        module: &ModuleHandle,
+        request: Request<Body>,
+        max: Duration,
+        settings: &ServerSettings,
+    ) -> Shared {
+        let key = Key {
+            module: Arc::clone(module.shared_name()),
+            path_and_query: request
+                .uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_owned(),
+        };
+        let (parts, _) = request.into_parts();
+        for _ in 0..MAX_JOINS {
+            match self.step(&key, max, module, &parts, settings) {
+                Step::Serve(answer, how) => return Shared::Answered(Ok(answer.response(how))),
+                Step::Fetch(done) => {
+                    return Shared::Answered(
+                        self.fetch_for_client(&key, module, &parts, settings, done)
+                            .await,
+                    );
+                }
+                Step::Join(mut fetch) => {
+                    // An error: the client that fetched went away, and its
+                    // fetch with it; try again.
+                    let Ok(outcome) = fetch.wait_for(Option::is_some).await else {
+                        continue;
+                    };
+                    match outcome.clone().expect("UNWRAP: waited for Some") {
+                        Outcome::Answer(answer) => {
+                            return Shared::Answered(Ok(answer.response("joined")))
+                        }
+                        Outcome::Failed(e) => return Shared::Answered(Err(e)),
+                        Outcome::AskYourself => break,
+                    }
+                }
+            }
+        }
+        Shared::Forward(Request::from_parts(parts, Body::empty()))
+    }
+
+    /// Decides, under the lock, what a request for `key` does; starts a
+    /// fetch behind a stale answer.
+    fn step(
+        self: &Arc<Self>,
+        key: &Key,
+        max: Duration,
+        module: &ModuleHandle,
+        parts: &http::request::Parts,
+        settings: &ServerSettings,
+    ) -> Step {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let slot = slots.entry(key.clone()).or_default();
+        let fetching = slot
+            .fetch
+            .as_ref()
+            .is_some_and(|f| f.borrow().is_none() && f.has_changed().is_ok());
+        if !fetching {
+            slot.fetch = None;
+        }
+        match &slot.answer {
+            Some(answer) if answer.age(now) < max / 2 => Step::Serve(Arc::clone(answer), "hit"),
+            Some(answer) if answer.age(now) < max => {
+                let answer = Arc::clone(answer);
+                if !fetching {
+                    let (done, waiting) = watch::channel(None);
+                    slot.fetch = Some(waiting);
+                    let shared = Arc::clone(self);
+                    let (key, module, parts, settings) =
+                        (key.clone(), module.clone(), parts.clone(), settings.clone());
+                    let writes = self.writes.load(Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        let outcome = match fetch(&module, &parts, &settings).await {
+                            Ok((answer, None)) if answer.shareable => Outcome::Answer(answer),
+                            Ok(_) => Outcome::AskYourself,
+                            Err(e) => Outcome::Failed(e),
+                        };
+                        shared.publish(&key, outcome, writes, &done);
+                    });
+                }
+                Step::Serve(answer, "stale")
+            }
+            _ => match &slot.fetch {
+                Some(waiting) if fetching => Step::Join(waiting.clone()),
+                _ => {
+                    let (done, waiting) = watch::channel(None);
+                    slot.fetch = Some(waiting);
+                    Step::Fetch(done)
+                }
+            },
+        }
+    }
+
+    /// Fetches for the client that asked first: it gets the module's answer
+    /// whole, or, when that is too large to keep, as it streams; those that
+    /// joined get it too when it was whole.
+    async fn fetch_for_client(
+        &self,
+        key: &Key,
+        module: &ModuleHandle,
+        parts: &http::request::Parts,
+        settings: &ServerSettings,
+        done: watch::Sender<Option<Outcome>>,
+    ) -> Result<Response, ProxyError> {
+        let writes = self.writes.load(Ordering::SeqCst);
+        match fetch(module, parts, settings).await {
+            Ok((answer, None)) => {
+                let response = answer.response("fetched");
+                let outcome = if answer.shareable {
+                    Outcome::Answer(answer)
+                } else {
+                    Outcome::AskYourself
+                };
+                self.publish(key, outcome, writes, &done);
+                Ok(response)
+            }
+            Ok((_, Some(streamed))) => {
+                self.publish(key, Outcome::AskYourself, writes, &done);
+                Ok(streamed)
+            }
+            Err(e) => {
+                self.publish(key, Outcome::Failed(e.clone()), writes, &done);
+                Err(e)
+            }
+        }
+    }
+
+    /// Hands a fetch's outcome to those waiting for it, and keeps the
+    /// answer if it may be kept and no write went to a module since the
+    /// fetch began (`writes` then); makes room within [`MAX_TOTAL_BYTES`].
+    fn publish(
+        &self,
+        key: &Key,
+        outcome: Outcome,
+        writes: u64,
+        done: &watch::Sender<Option<Outcome>>,
+    ) {
+        {
+            let mut slots = self.slots();
+            let unwritten = self.writes.load(Ordering::SeqCst) == writes;
+            if let Outcome::Answer(answer) = &outcome {
+                if answer.keep && unwritten {
+                    if let Some(slot) = slots.get_mut(key) {
+                        slot.answer = Some(Arc::clone(answer));
+                    }
+                    evict(&mut slots);
+                }
+            }
+            if let Some(slot) = slots.get_mut(key) {
+                slot.fetch = None;
+            }
+        }
+        done.send_replace(Some(outcome));
+    }
+}
+
+/// Drops the oldest answers until all of them fit in [`MAX_TOTAL_BYTES`],
+/// and the slots that hold nothing.
+fn evict(slots: &mut HashMap<Key, Slot>) {
+    slots.retain(|_, slot| slot.answer.is_some() || slot.fetch.is_some());
+    let mut total: usize = slots
+        .values()
+        .filter_map(|s| s.answer.as_ref())
+        .map(|a| a.body.len())
+        .sum();
+    while total > MAX_TOTAL_BYTES {
+        let oldest = slots
+            .iter()
+            .filter_map(|(k, s)| s.answer.as_ref().map(|a| (k.clone(), a.at, a.body.len())))
+            .min_by_key(|(_, at, _)| *at);
+        let Some((key, _, len)) = oldest else { break };
+        if let Some(slot) = slots.get_mut(&key) {
+            slot.answer = None;
+        }
+        total -= len;
+    }
+}
+
+/// Asks the module for `parts` (a `GET`, no body) and reads the answer
+/// whole. `Ok((answer, None))`: whole; `Ok((_, Some(response)))`: over
+/// [`MAX_ANSWER_BYTES`], the response carrying what was read and the rest.
+async fn fetch(
+    module: &ModuleHandle,
+    parts: &http::request::Parts,
+    settings: &ServerSettings,
+) -> Result<(Arc<Answer>, Option<Response>), ProxyError> {
+    let gate = module
+        .admit()
+        .map_err(|NotReady { state, retry_after }| ProxyError::NotReady {
+            module: module.name().to_owned(),
+            state: state.as_str(),
+            retry_after,
+        })?;
+    let mut parts = parts.clone();
+    parts.method = Method::GET;
+    parts.headers.remove(header::ACCEPT_ENCODING);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    let upstream = upstream_request(parts, Body::empty());
+    let deadline = settings.http_response_timeout;
+    let started = Instant::now();
+    let response = send(module, &gate, upstream, Some(deadline), settings).await?;
+    let (mut head, body) = response.into_parts();
+    super::strip_hop_by_hop(&mut head.headers);
+    let mut body = super::CancelableBody::new(body, &gate.cancel, module.shared_name())
+        .counted(module.metrics().bytes_out().clone(), None);
+    let mut collected = BytesMut::new();
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| ProxyError::Upstream {
+                module: module.name().to_owned(),
+                reason: format!(
+                    "the answer broke off: {}",
+                    crate::error::error_chain(e.as_ref())
+                ),
+            })?;
+            if let Ok(data) = frame.into_data() {
+                collected.extend_from_slice(&data);
+                if collected.len() > MAX_ANSWER_BYTES {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    };
+    let whole = match tokio::time::timeout_at(started + deadline, read).await {
+        Ok(whole) => whole?,
+        Err(_) => {
+            return Err(ProxyError::Timeout {
+                module: module.name().to_owned(),
+                after: deadline,
+            })
+        }
+    };
+    let shareable = may_share(&head.headers);
+    let keep = shareable && head.status == StatusCode::OK;
+    if !whole {
+        let first = collected.freeze();
+        let rest = futures_util::stream::once(async move { Ok::<_, axum::Error>(first) })
+            .chain(body.into_data_stream().map(|r| r.map_err(axum::Error::new)));
+        let mut response = Response::new(Body::from_stream(rest));
+        *response.status_mut() = head.status;
+        *response.headers_mut() = head.headers;
+        response
+            .headers_mut()
+            .insert(SHARED_HEADER, HeaderValue::from_static("too-large"));
+        let answer = Answer {
+            status: head.status,
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+            at: Instant::now(),
+            shareable: false,
+            keep: false,
+        };
+        return Ok((Arc::new(answer), Some(response)));
+    }
+    head.headers.remove(header::CONTENT_LENGTH);
+    head.headers.remove(header::TRANSFER_ENCODING);
+    let answer = Answer {
+        status: head.status,
+        headers: head.headers,
+        body: collected.freeze(),
+        at: Instant::now(),
+        shareable,
+        keep,
+    };
+    Ok((Arc::new(answer), None))
+}
+
+/// Whether an answer with these headers may be served to others: not one
+/// meant for one client (`Set-Cookie`, `Cache-Control: private` or
+/// `no-store`) nor one that differs by request header (`Vary`, except
+/// `Accept-Encoding`, which every fetch leaves out).
+fn may_share(headers: &HeaderMap) -> bool {
+    if headers.contains_key(header::SET_COOKIE) {
+        return false;
+    }
+    let private = headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|d| {
+            let d = d.trim().to_ascii_lowercase();
+            d == "private" || d == "no-store" || d.starts_with("private=")
+        });
+    let varies = headers
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|name| !name.trim().eq_ignore_ascii_case("accept-encoding"));
+    !private && !varies
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_for_one_client_are_not_shared() {
+        let with = |name: HeaderName, value: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static(value));
+            h
+        };
+        assert!(may_share(&HeaderMap::new()));
+        assert!(may_share(&with(header::CACHE_CONTROL, "max-age=5")));
+        assert!(may_share(&with(header::VARY, "Accept-Encoding")));
+        assert!(!may_share(&with(header::SET_COOKIE, "a=b")));
+        assert!(!may_share(&with(
+            header::CACHE_CONTROL,
+            "no-cache, Private"
+        )));
+        assert!(!may_share(&with(header::CACHE_CONTROL, "no-store")));
+        assert!(!may_share(&with(header::VARY, "accept-encoding, Cookie")));
+        assert!(!may_share(&with(header::VARY, "*")));
+    }
+
+    #[test]
+    fn the_oldest_answers_go_first_past_the_total() {
+        let t0 = Instant::now();
+        let answer = |secs: u64, len: usize| Slot {
+            answer: Some(Arc::new(Answer {
+                status: StatusCode::OK,
+                headers: HeaderMap::new(),
+                body: Bytes::from(vec![0u8; len]),
+                at: t0 + Duration::from_secs(secs),
+                shareable: true,
+                keep: true,
+            })),
+            fetch: None,
+        };
+        let key = |p: &str| Key {
+            module: Arc::from("m"),
+            path_and_query: p.to_owned(),
+        };
+        let mut slots = HashMap::new();
+        slots.insert(key("/old"), answer(1, MAX_TOTAL_BYTES / 2));
+        slots.insert(key("/mid"), answer(2, MAX_TOTAL_BYTES / 2));
+        slots.insert(key("/new"), answer(3, 10));
+        slots.insert(key("/empty"), Slot::default());
+        evict(&mut slots);
+        let mut left: Vec<&str> = slots.keys().map(|k| k.path_and_query.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["/mid", "/new"]);
+    }
+}

@@ -1,0 +1,135 @@
+//! Shared answers of routes declared with `cache_secs`: identical `GET`s
+//! at once reach the module once; an answer is served again while it is
+//! young enough, and a fresh one fetched behind it; answers for one client
+//! and failures are never kept; a write forgets what was kept.
+
+use std::sync::Mutex;
+
+use futures_util::future::join_all;
+use serde_json::Value;
+
+use crate::support::{client, dashd, eventually, test_module, Dashd, WAIT};
+
+/// One `GET`: its status, how it was served (`x-dashd-shared`) and the
+/// module's count in it.
+async fn get(d: &Dashd, path: &str) -> (u16, String, u64) {
+    let response = client().get(d.url(path)).send().await.expect("GET");
+    let status = response.status().as_u16();
+    let how = response
+        .headers()
+        .get("x-dashd-shared")
+        .map(|v| v.to_str().expect("ascii").to_owned())
+        .unwrap_or_default();
+    let body: Value = response.json().await.expect("json");
+    (status, how, body["n"].as_u64().expect("n"))
+}
+
+/// A module whose `/test/count` answers may be `secs` old.
+fn counting(secs: &str) -> Dashd {
+    dashd()
+        .module(test_module("tm").cached("/test/count", secs))
+        .start()
+}
+
+#[tokio::test]
+async fn identical_gets_at_once_reach_the_module_once() {
+    let d = counting("30");
+    d.healthy("tm", 0).await;
+    let answers = join_all((0..20).map(|_| get(&d, "/test/count?ms=500"))).await;
+    let fetched = answers
+        .iter()
+        .filter(|(_, how, _)| how == "fetched")
+        .count();
+    let joined = answers.iter().filter(|(_, how, _)| how == "joined").count();
+    assert_eq!((fetched, joined), (1, 19), "{answers:?}");
+    let n = answers[0].2;
+    assert!(
+        answers.iter().all(|a| a.0 == 200 && a.2 == n),
+        "{answers:?}"
+    );
+    // Young: served again, the module not asked.
+    assert_eq!(
+        get(&d, "/test/count?ms=500").await,
+        (200, "hit".to_owned(), n)
+    );
+    // Another query is another answer.
+    let (_, how, other) = get(&d, "/test/count?ms=1").await;
+    assert_eq!((how.as_str(), other), ("fetched", n + 1));
+    // Not a cached route's request: the test module's other routes.
+    let stats = client()
+        .get(d.url("/test/stats"))
+        .send()
+        .await
+        .expect("stats");
+    assert!(stats.headers().get("x-dashd-shared").is_none());
+}
+
+/// Past half its `cache_secs` an answer is still served, once, while the
+/// next is fetched behind it; no answer older than `cache_secs` is served.
+#[tokio::test]
+async fn an_aging_answer_is_served_while_the_next_is_fetched() {
+    let d = counting("1");
+    d.healthy("tm", 0).await;
+    let (_, how, first) = get(&d, "/test/count?ms=300").await;
+    assert_eq!(how, "fetched");
+    let seen = Mutex::new(Vec::new());
+    let newer = eventually(WAIT, || async {
+        let (status, how, n) = get(&d, "/test/count?ms=300").await;
+        assert_eq!(status, 200);
+        seen.lock().expect("seen").push((how.clone(), n));
+        (n > first).then_some((how, n))
+    })
+    .await
+    .expect("a newer answer");
+    let seen = seen.into_inner().expect("seen");
+    // A stale answer (the first) was served while the second was fetched,
+    // and the newer one came from that fetch, not from a client's wait.
+    assert!(
+        seen.iter().any(|(how, n)| how == "stale" && *n == first),
+        "{seen:?}"
+    );
+    assert_eq!(newer.1, first + 1, "{seen:?}");
+    assert!(matches!(newer.0.as_str(), "hit" | "stale"), "{seen:?}");
+}
+
+#[tokio::test]
+async fn answers_for_one_client_and_failures_are_not_kept() {
+    let d = counting("30");
+    d.healthy("tm", 0).await;
+    // Set-Cookie: each client gets an answer of its own.
+    let answers =
+        join_all((0..5).map(|_| get(&d, "/test/count?ms=300&header=set-cookie:a%3Db"))).await;
+    let mut ns: Vec<u64> = answers.iter().map(|a| a.2).collect();
+    ns.sort_unstable();
+    ns.dedup();
+    assert_eq!(ns.len(), 5, "{answers:?}");
+    // A 500 reaches those who waited for it, but is not kept.
+    let failed = join_all((0..5).map(|_| get(&d, "/test/count?ms=300&status=500"))).await;
+    assert!(
+        failed.iter().all(|a| a.0 == 500 && a.2 == failed[0].2),
+        "{failed:?}"
+    );
+    let (status, how, n) = get(&d, "/test/count?ms=300&status=500").await;
+    assert_eq!((status, how.as_str(), n), (500, "fetched", failed[0].2 + 1));
+}
+
+/// A write through the host forgets the kept answers: a client reads its
+/// own writes.
+#[tokio::test]
+async fn a_write_forgets_what_was_kept() {
+    let d = counting("30");
+    d.healthy("tm", 0).await;
+    let (_, _, n) = get(&d, "/test/count").await;
+    assert_eq!(get(&d, "/test/count").await.1, "hit");
+    let wrote = client()
+        .post(d.url("/test/echo"))
+        .body("x")
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(wrote.status(), 200);
+    assert_eq!(
+        get(&d, "/test/count").await,
+        (200, "fetched".to_owned(), n + 1)
+    );
+}

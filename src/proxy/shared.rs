@@ -51,6 +51,9 @@ use crate::supervisor::{ModuleHandle, NotReady};
 pub(crate) const MAX_ANSWER_BYTES: usize = 64 << 20;
 /// The most memory all kept answers take together; past it the oldest go.
 pub(crate) const MAX_TOTAL_BYTES: usize = 256 << 20;
+/// The most answers kept, whatever their size: one per URL, and a client
+/// can make up URLs (queries) without end.
+pub(crate) const MAX_ANSWERS: usize = 1024;
 /// How many times a request waits for a fetch whose client went away
 /// before it fetches for itself.
 const MAX_JOINS: usize = 3;
@@ -119,6 +122,16 @@ struct Slot {
     answer: Option<Arc<Answer>>,
     /// The fetch under way, if one is.
     fetch: Option<watch::Receiver<Option<Outcome>>>,
+}
+
+impl Slot {
+    /// Whether a fetch is under way: its client (or task) is still there
+    /// and has not published.
+    fn is_fetching(&self) -> bool {
+        self.fetch
+            .as_ref()
+            .is_some_and(|f| f.borrow().is_none() && f.has_changed().is_ok())
+    }
 }
 
 /// The URL of a module, which names a shared answer.
@@ -222,11 +235,12 @@ impl SharedAnswers {
     ) -> Step {
         let now = Instant::now();
         let mut slots = self.slots();
+        if slots.len() > 2 * MAX_ANSWERS {
+            // Fetches whose clients went away, for URLs asked once.
+            evict(&mut slots);
+        }
         let slot = slots.entry(key.clone()).or_default();
-        let fetching = slot
-            .fetch
-            .as_ref()
-            .is_some_and(|f| f.borrow().is_none() && f.has_changed().is_ok());
+        let fetching = slot.is_fetching();
         if !fetching {
             slot.fetch = None;
         }
@@ -320,22 +334,25 @@ impl SharedAnswers {
             }
             if let Some(slot) = slots.get_mut(key) {
                 slot.fetch = None;
+                if slot.answer.is_none() {
+                    slots.remove(key);
+                }
             }
         }
         done.send_replace(Some(outcome));
     }
 }
 
-/// Drops the oldest answers until all of them fit in [`MAX_TOTAL_BYTES`],
-/// and the slots that hold nothing.
+/// Drops the oldest answers until all of them fit in [`MAX_TOTAL_BYTES`]
+/// and there are at most [`MAX_ANSWERS`], and the slots that hold nothing.
 fn evict(slots: &mut HashMap<Key, Slot>) {
-    slots.retain(|_, slot| slot.answer.is_some() || slot.fetch.is_some());
     let mut total: usize = slots
         .values()
         .filter_map(|s| s.answer.as_ref())
         .map(|a| a.body.len())
         .sum();
-    while total > MAX_TOTAL_BYTES {
+    let mut kept = slots.values().filter(|s| s.answer.is_some()).count();
+    while total > MAX_TOTAL_BYTES || kept > MAX_ANSWERS {
         let oldest = slots
             .iter()
             .filter_map(|(k, s)| s.answer.as_ref().map(|a| (k.clone(), a.at, a.body.len())))
@@ -345,7 +362,9 @@ fn evict(slots: &mut HashMap<Key, Slot>) {
             slot.answer = None;
         }
         total -= len;
+        kept -= 1;
     }
+    slots.retain(|_, slot| slot.answer.is_some() || slot.is_fetching());
 }
 
 /// Asks the module for `parts` (a `GET`, no body) and reads the answer
@@ -516,5 +535,12 @@ mod tests {
         let mut left: Vec<&str> = slots.keys().map(|k| k.path_and_query.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, ["/mid", "/new"]);
+        // However small, no more than MAX_ANSWERS; the oldest go.
+        let mut slots: HashMap<Key, Slot> = (0..MAX_ANSWERS as u64 + 5)
+            .map(|i| (key(&format!("/{i}")), answer(i, 1)))
+            .collect();
+        evict(&mut slots);
+        assert_eq!(slots.len(), MAX_ANSWERS);
+        assert!(!slots.contains_key(&key("/4")) && slots.contains_key(&key("/5")));
     }
 }

@@ -5,6 +5,7 @@
 //! and silent), and to hold the module to its memory budget. Blocking:
 //! every sample reads `/proc`.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ray_dashd_contract::proc;
@@ -54,7 +55,7 @@ impl Usage {
 /// its process group, and what it started elsewhere; see
 /// [`super::descendants`]). `None` once none of them is left.
 pub(crate) fn sample(leader: u32) -> Option<Usage> {
-    let owned = containment().descendants.owned_by(leader);
+    let owned = owned_by(leader);
     let mut usage = Usage {
         ticks_per_sec: ticks_per_sec(),
         ..Usage::default()
@@ -72,6 +73,34 @@ pub(crate) fn sample(leader: u32) -> Option<Usage> {
         usage.rss_bytes += proc::status_kib(p.id.pid, "VmRSS").unwrap_or(0) * 1024;
     }
     (usage.processes > 0).then_some(usage)
+}
+
+/// How old a look at the host's descendants may be for a sample: every
+/// module task samples once per health check, and one walk of the tree
+/// serves all the samples taken within this.
+const LOOK_REUSE: Duration = Duration::from_millis(500);
+
+/// The processes of `leader`'s incarnation, from a look at most
+/// [`LOOK_REUSE`] old (a process started since counts from the next).
+fn owned_by(leader: u32) -> Vec<super::descendants::Proc> {
+    type Look = Vec<(super::descendants::Proc, Option<u32>)>;
+    static LAST: Mutex<Option<(std::time::Instant, Arc<Look>)>> = Mutex::new(None);
+    let recent = {
+        let last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+        last.as_ref()
+            .filter(|(at, _)| at.elapsed() < LOOK_REUSE)
+            .map(|(_, look)| Arc::clone(look))
+    };
+    let look = recent.unwrap_or_else(|| {
+        let look = Arc::new(containment().descendants.look());
+        *LAST.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((std::time::Instant::now(), Arc::clone(&look)));
+        look
+    });
+    look.iter()
+        .filter(|(p, owner)| !p.zombie && *owner == Some(leader))
+        .map(|(p, _)| *p)
+        .collect()
 }
 
 /// `sysconf(_SC_CLK_TCK)`: 100 on every Linux in use.

@@ -133,3 +133,35 @@ async fn a_write_forgets_what_was_kept() {
         (200, "fetched".to_owned(), n + 1)
     );
 }
+
+/// A large JSON answer goes gzipped to a client that accepts gzip (once
+/// compressed, whoever asks), as it is to one that does not.
+#[tokio::test]
+async fn a_large_answer_is_gzipped_for_clients_that_accept_it() {
+    use std::io::Read;
+
+    let d = counting("30");
+    d.healthy("tm", 0).await;
+    let path = "/test/count?pad=200000";
+    let plain = client().get(d.url(path)).send().await.expect("GET");
+    assert!(plain.headers().get("content-encoding").is_none());
+    let plain: Value = plain.json().await.expect("json");
+    for _ in 0..2 {
+        let packed = client()
+            .get(d.url(path))
+            .header("accept-encoding", "gzip, deflate, br")
+            .send()
+            .await
+            .expect("GET");
+        assert_eq!(packed.headers()["content-encoding"], "gzip");
+        assert_eq!(packed.headers()["x-dashd-shared"], "hit");
+        let bytes = packed.bytes().await.expect("body");
+        assert!(bytes.len() < 10_000, "{} bytes gzipped", bytes.len());
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_string(&mut text)
+            .expect("gunzip");
+        let unpacked: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(unpacked, plain);
+    }
+}

@@ -23,8 +23,10 @@
 //! to [`MAX_ANSWER_BYTES`] each and [`MAX_TOTAL_BYTES`] together; other
 //! answers reach those that waited for them and are not kept. A fetch is
 //! sent with the first client's headers, without `Accept-Encoding` (one
-//! identity answer serves every client). Every response says how it was
-//! served in `x-dashd-shared`, and its age in `Age` (RFC 9111 §5.1).
+//! identity answer serves every client); a client that accepts gzip gets
+//! a text or JSON answer of 1 KiB or more gzipped, compressed once per
+//! answer. Every response says how it was served in `x-dashd-shared`, and
+//! its age in `Age` (RFC 9111 §5.1).
 //! No lock is held across an await.
 
 use std::collections::HashMap;
@@ -73,6 +75,9 @@ pub(crate) struct Answer {
     shareable: bool,
     /// Whether it may be served again to later requests: a shareable `200`.
     keep: bool,
+    /// Its body gzipped, made once, for the first client that accepts it;
+    /// `None` when it is not worth it.
+    gzipped: tokio::sync::OnceCell<Option<Bytes>>,
 }
 
 impl Answer {
@@ -80,13 +85,39 @@ impl Answer {
         now.saturating_duration_since(self.at)
     }
 
-    /// The answer as a response, served `how`.
-    fn response(&self, how: &'static str) -> Response {
-        let mut response = Response::new(Body::from(self.body.clone()));
+    /// The answer as a response, served `how`; gzipped when `gzip` (the
+    /// client accepts it) and it is worth it ([`worth_gzip`]).
+    async fn response(self: &Arc<Self>, how: &'static str, gzip: bool) -> Response {
+        let gzipped = if gzip && worth_gzip(self.status, &self.headers, self.body.len()) {
+            self.gzipped
+                .get_or_init(|| {
+                    let body = self.body.clone();
+                    async move {
+                        tokio::task::spawn_blocking(move || gzipped(&body))
+                            .await
+                            .ok()
+                            .flatten()
+                    }
+                })
+                .await
+                .clone()
+        } else {
+            None
+        };
+        let body = gzipped.clone().unwrap_or_else(|| self.body.clone());
+        let length = body.len();
+        let mut response = Response::new(Body::from(body));
         *response.status_mut() = self.status;
         *response.headers_mut() = self.headers.clone();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(self.body.len()));
+        if gzipped.is_some() {
+            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        }
+        if worth_gzip(self.status, &self.headers, self.body.len()) {
+            // Whether a client gets it gzipped depends on what it accepts.
+            headers.append(header::VARY, HeaderValue::from_static("accept-encoding"));
+        }
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
         headers.insert(SHARED_HEADER, HeaderValue::from_static(how));
         headers.insert(
             header::AGE,
@@ -195,24 +226,28 @@ impl SharedAnswers {
                 .to_owned(),
         };
         let (parts, _) = request.into_parts();
+        let gzip = accepts_gzip(&parts.headers);
         for _ in 0..MAX_JOINS {
             match self.step(&key, max, module, &parts, settings) {
-                Step::Serve(answer, how) => return Shared::Answered(Ok(answer.response(how))),
+                Step::Serve(answer, how) => {
+                    return Shared::Answered(Ok(answer.response(how, gzip).await))
+                }
                 Step::Fetch(done) => {
                     return Shared::Answered(
-                        self.fetch_for_client(&key, module, &parts, settings, done)
+                        self.fetch_for_client(&key, module, &parts, settings, done, gzip)
                             .await,
                     );
                 }
                 Step::Join(mut fetch) => {
                     // An error: the client that fetched went away, and its
                     // fetch with it; try again.
-                    let Ok(outcome) = fetch.wait_for(Option::is_some).await else {
-                        continue;
+                    let outcome = match fetch.wait_for(Option::is_some).await {
+                        Ok(outcome) => outcome.clone(),
+                        Err(_) => continue,
                     };
-                    match outcome.clone().expect("UNWRAP: waited for Some") {
+                    match outcome.expect("UNWRAP: waited for Some") {
                         Outcome::Answer(answer) => {
-                            return Shared::Answered(Ok(answer.response("joined")))
+                            return Shared::Answered(Ok(answer.response("joined", gzip).await))
                         }
                         Outcome::Failed(e) => return Shared::Answered(Err(e)),
                         Outcome::AskYourself => break,
@@ -287,11 +322,12 @@ impl SharedAnswers {
         parts: &http::request::Parts,
         settings: &ServerSettings,
         done: watch::Sender<Option<Outcome>>,
+        gzip: bool,
     ) -> Result<Response, ProxyError> {
         let writes = self.writes.load(Ordering::SeqCst);
         match fetch(module, parts, settings).await {
             Ok((answer, None)) => {
-                let response = answer.response("fetched");
+                let response = answer.response("fetched", gzip).await;
                 let outcome = if answer.shareable {
                     Outcome::Answer(answer)
                 } else {
@@ -442,6 +478,7 @@ async fn fetch(
             at: Instant::now(),
             shareable: false,
             keep: false,
+            gzipped: Default::default(),
         };
         return Ok((Arc::new(answer), Some(response)));
     }
@@ -454,8 +491,62 @@ async fn fetch(
         at: Instant::now(),
         shareable,
         keep,
+        gzipped: Default::default(),
     };
     Ok((Arc::new(answer), None))
+}
+
+/// The smallest body worth gzipping: below it the header and the work
+/// cost more than the bytes saved.
+const MIN_GZIP_BYTES: usize = 1024;
+
+/// Whether `headers` accept gzip (`Accept-Encoding: gzip` or `*`, with a
+/// quality above 0; RFC 9110 §12.5.3).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';');
+            let name = parts.next().unwrap_or("").trim();
+            let zero = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    == Some(0.0)
+            });
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && !zero
+        })
+}
+
+/// Whether an answer is worth gzipping: a 200 of text or JSON, not
+/// encoded already, of at least [`MIN_GZIP_BYTES`].
+fn worth_gzip(status: StatusCode, headers: &HeaderMap, len: usize) -> bool {
+    let textual = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| {
+            let t = t.to_ascii_lowercase();
+            t.starts_with("text/") || t.contains("json") || t.contains("javascript")
+        });
+    status == StatusCode::OK
+        && len >= MIN_GZIP_BYTES
+        && textual
+        && !headers.contains_key(header::CONTENT_ENCODING)
+}
+
+/// `body` gzipped (fastest level: JSON shrinks about tenfold at it);
+/// `None` if that fails.
+fn gzipped(body: &[u8]) -> Option<Bytes> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 8),
+        flate2::Compression::fast(),
+    );
+    encoder.write_all(body).ok()?;
+    encoder.finish().ok().map(Bytes::from)
 }
 
 /// Whether an answer with these headers may be served to others: not one
@@ -509,6 +600,43 @@ mod tests {
     }
 
     #[test]
+    fn gzip_when_accepted_and_worth_it() {
+        let accept = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::ACCEPT_ENCODING, HeaderValue::from_static(v));
+            h
+        };
+        assert!(accepts_gzip(&accept("gzip, deflate, br")));
+        assert!(accepts_gzip(&accept("br;q=1.0, GZIP;q=0.5")));
+        assert!(accepts_gzip(&accept("*")));
+        assert!(!accepts_gzip(&accept("gzip;q=0")));
+        assert!(!accepts_gzip(&accept("br, identity")));
+        assert!(!accepts_gzip(&HeaderMap::new()));
+        let json = {
+            let mut h = HeaderMap::new();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json; charset=utf-8"),
+            );
+            h
+        };
+        assert!(worth_gzip(StatusCode::OK, &json, 4096));
+        assert!(!worth_gzip(StatusCode::OK, &json, 100));
+        assert!(!worth_gzip(StatusCode::NOT_FOUND, &json, 4096));
+        assert!(!worth_gzip(StatusCode::OK, &HeaderMap::new(), 4096));
+        let body = br#"{"node": "alive", "resources": {"CPU": 2}}"#.repeat(1000);
+        let packed = gzipped(&body).expect("gzip");
+        assert!(packed.len() * 10 < body.len(), "{}", packed.len());
+        let mut unpacked = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(&packed[..]),
+            &mut unpacked,
+        )
+        .expect("gunzip");
+        assert_eq!(unpacked, body);
+    }
+
+    #[test]
     fn the_oldest_answers_go_first_past_the_total() {
         let t0 = Instant::now();
         let answer = |secs: u64, len: usize| Slot {
@@ -519,6 +647,7 @@ mod tests {
                 at: t0 + Duration::from_secs(secs),
                 shareable: true,
                 keep: true,
+                gzipped: Default::default(),
             })),
             fetch: None,
         };

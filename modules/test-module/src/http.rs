@@ -233,6 +233,8 @@ pub(crate) struct CountQuery {
     header: Option<String>,
     /// The status to answer with (default 200).
     status: Option<u16>,
+    /// Characters of padding in the answer (`"pad"`), to make it large.
+    pad: Option<usize>,
 }
 
 /// `GET /test/count?ms=N`: counts the requests that reached the module
@@ -243,7 +245,8 @@ pub(crate) async fn count(Query(query): Query<CountQuery>) -> Response {
     let n = COUNT.fetch_add(1, Ordering::Relaxed) + 1;
     tokio::time::sleep(Duration::from_millis(query.ms.unwrap_or(0))).await;
     let status = StatusCode::from_u16(query.status.unwrap_or(200)).unwrap_or(StatusCode::OK);
-    let mut response = (status, Json(json!({ "n": n }))).into_response();
+    let pad = "x".repeat(query.pad.unwrap_or(0).min(64 << 20));
+    let mut response = (status, Json(json!({ "n": n, "pad": pad }))).into_response();
     if let Some((name, value)) = query.header.as_deref().and_then(|h| h.split_once(':')) {
         if let (Ok(name), Ok(value)) = (
             header::HeaderName::from_bytes(name.as_bytes()),

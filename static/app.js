@@ -50,6 +50,12 @@ function formatRtt(us) {
   return us < 1000 ? `${us} µs` : `${(us / 1000).toFixed(1)} ms`;
 }
 
+function formatBytes(bytes) {
+  if (bytes == null) return "—";
+  const mib = bytes / (1024 * 1024);
+  return mib < 1024 ? `${mib.toFixed(mib < 10 ? 1 : 0)} MiB` : `${(mib / 1024).toFixed(1)} GiB`;
+}
+
 function formatTime(ms) {
   return ms == null ? "" : new Date(ms).toLocaleTimeString();
 }
@@ -74,6 +80,7 @@ function moduleRow(name) {
     restarts: el("td", { class: "num" }),
     uptime: el("td", { class: "num" }),
     rtt: el("td", { class: "num" }),
+    memory: el("td", { class: "num" }),
     error: el("td", { class: "error" }),
     routes: el("td", { class: "routes" }),
     actions: el("td", { class: "actions" }),
@@ -84,7 +91,7 @@ function moduleRow(name) {
   restart.addEventListener("click", () => confirmRestart(name));
   cells.actions.append(restart);
   const row = el("tr", { dataset: { module: name } }, ...Object.values(cells));
-  const historyCell = el("td", { colspan: "10" });
+  const historyCell = el("td", { colspan: "11" });
   const history = el("tr", { class: "history", hidden: "" }, historyCell);
   historyToggle.addEventListener("click", () => {
     const open = history.hidden;
@@ -106,12 +113,23 @@ function renderModule(m) {
     badge.title = "alive, waiting for something outside it; not restarted for it" +
       (m.backoff_ms ? ` (it tries again every ${formatDuration(m.backoff_ms)})` : "");
   }
+  if (m.busy_since_ms != null) {
+    // Computing (its health checks unanswered while it uses CPU): kept,
+    // not restarted, until busy_max_secs.
+    badge.append(el("span", { class: "busy" }, " · busy"));
+    badge.title = `busy for ${formatDuration(Date.now() - m.busy_since_ms)}: ` +
+      "its health checks go unanswered while it computes; it is not restarted for that";
+  }
   cells.state.replaceChildren(badge);
   cells.pid.textContent = m.pid ?? "—";
   cells.incarnation.textContent = m.incarnation ?? "—";
   cells.restarts.textContent = m.restarts;
   cells.uptime.textContent = formatDuration(m.uptime_ms);
   cells.rtt.textContent = formatRtt(m.last_health_rtt_us);
+  cells.memory.textContent = formatBytes(m.memory_bytes);
+  cells.memory.title = m.memory_budget_bytes != null
+    ? `budget ${formatBytes(m.memory_budget_bytes)}: past it the module is restarted`
+    : "resident memory of its processes; no budget";
   // While it starts or waits, why it is not ready (in its own words) says
   // more than how it last failed.
   const why = m.reason ?? m.last_error ?? "";

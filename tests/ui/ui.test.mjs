@@ -150,7 +150,11 @@ test("a killed module's restart shows without a reload", async () => {
       && row.querySelector(".state-healthy");
   }, { old: pid }, { timeout: WAIT_MS });
   assert.equal(navigations, 0, "the page reloaded");
-  assert.match(await cell("tm", 8), /SIGKILL/);
+  assert.match(await cell("tm", 9), /SIGKILL/);
+  // The memory its processes hold, from the host's samples.
+  await page.waitForFunction(() =>
+    /MiB/.test(document.querySelector('tr[data-module="tm"] > :nth-child(8)')?.textContent ?? ""),
+    null, { timeout: WAIT_MS });
   await page.getByRole("button", { name: "tm", exact: true }).click();
   await page.locator("tr.history:not([hidden])", { hasText: "Recent events" }).waitFor();
   await page.screenshot({ path: path.join(shots, "overview-after-restart.png") });
@@ -222,7 +226,7 @@ test("the Ray clients panel shows the proxy and a connected client", async () =>
 test("a module waiting for a taken port says who holds it, as does the Ray line", async () => {
   await page.goto(`${base}/`);
   await page.locator('tr[data-module="taken_proxy"] .state-waiting').waitFor({ timeout: WAIT_MS });
-  const why = await cell("taken_proxy", 8);
+  const why = await cell("taken_proxy", 9);
   assert.match(why, new RegExp(`is taken by pid ${process.pid} \\(`));
   assert.match(why, /--ray-client-server-port/);
   // No Ray head in this session: the overview says Ray's modules are not hosted.

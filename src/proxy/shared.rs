@@ -10,7 +10,9 @@
 //!
 //! For a request to such a route, with `max` its `cache_secs`:
 //!
-//! - an answer younger than `max / 2` is served as it is (`hit`);
+//! - an answer younger than its refresh age is served as it is (`hit`):
+//!   `max` less 1.25 times what its fetch took, and at least `max / 4`,
+//!   so that the next answer is in before this one is `max` old;
 //! - one younger than `max` is served too (`stale`), and, unless one is
 //!   under way, a new fetch starts in a task of its own;
 //! - else the request waits for the fetch under way, or starts one
@@ -70,6 +72,8 @@ pub(crate) struct Answer {
     body: Bytes,
     /// When its last byte came.
     at: Instant,
+    /// How long its fetch took, from the request to the last byte.
+    took: Duration,
     /// Whether it may go to other clients than the one it was fetched
     /// for (see [`may_share`]).
     shareable: bool,
@@ -83,6 +87,13 @@ pub(crate) struct Answer {
 impl Answer {
     fn age(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.at)
+    }
+
+    /// The age from which it is fetched again behind its serving: early
+    /// enough that the next answer (which takes about as long as this one
+    /// did) is in before this one is `max` old, yet at least `max / 4`.
+    fn refresh_at(&self, max: Duration) -> Duration {
+        max.saturating_sub(self.took.mul_f64(1.25)).max(max / 4)
     }
 
     /// The answer as a response, served `how`; gzipped when `gzip` (the
@@ -280,7 +291,9 @@ impl SharedAnswers {
             slot.fetch = None;
         }
         match &slot.answer {
-            Some(answer) if answer.age(now) < max / 2 => Step::Serve(Arc::clone(answer), "hit"),
+            Some(answer) if answer.age(now) < answer.refresh_at(max) => {
+                Step::Serve(Arc::clone(answer), "hit")
+            }
             Some(answer) if answer.age(now) < max => {
                 let answer = Arc::clone(answer);
                 if !fetching {
@@ -476,6 +489,7 @@ async fn fetch(
             headers: HeaderMap::new(),
             body: Bytes::new(),
             at: Instant::now(),
+            took: started.elapsed(),
             shareable: false,
             keep: false,
             gzipped: Default::default(),
@@ -489,6 +503,7 @@ async fn fetch(
         headers: head.headers,
         body: collected.freeze(),
         at: Instant::now(),
+        took: started.elapsed(),
         shareable,
         keep,
         gzipped: Default::default(),
@@ -637,6 +652,25 @@ mod tests {
     }
 
     #[test]
+    fn a_slow_answer_is_fetched_again_earlier() {
+        let took = |ms| Answer {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+            at: Instant::now(),
+            took: Duration::from_millis(ms),
+            shareable: true,
+            keep: true,
+            gzipped: Default::default(),
+        };
+        let max = Duration::from_secs(2);
+        assert_eq!(took(0).refresh_at(max), max);
+        assert_eq!(took(400).refresh_at(max), Duration::from_millis(1500));
+        assert_eq!(took(1200).refresh_at(max), Duration::from_millis(500));
+        assert_eq!(took(9000).refresh_at(max), Duration::from_millis(500));
+    }
+
+    #[test]
     fn the_oldest_answers_go_first_past_the_total() {
         let t0 = Instant::now();
         let answer = |secs: u64, len: usize| Slot {
@@ -645,6 +679,7 @@ mod tests {
                 headers: HeaderMap::new(),
                 body: Bytes::from(vec![0u8; len]),
                 at: t0 + Duration::from_secs(secs),
+                took: Duration::ZERO,
                 shareable: true,
                 keep: true,
                 gzipped: Default::default(),

@@ -6,7 +6,8 @@
 //! so the client's own cost is identical in all of them. `ray_dashboard.sh`
 //! uses it too, against Ray's own dashboard and ray-dashd on one Ray head,
 //! with the process-tree subcommands (`find-descendant`, `tree-mem`,
-//! `stop-tree`), `startup` and `ray-report`.
+//! `stop-tree`), `startup` and `ray-report`; `ray_scale.sh` with
+//! `poll-mix`.
 //!
 //! # Runtime
 //!
@@ -21,9 +22,11 @@
 //! 9.7 µs): the second client thread only takes a core away from the
 //! backend and the proxy. Hence one thread.
 
+mod fake_raylets;
 mod http_load;
 mod killtest;
 mod net;
+mod poll_mix;
 mod procfs;
 mod proctree;
 mod ray_clients;
@@ -100,6 +103,14 @@ enum Command {
     /// Per-message cost of a Ray Client proxy hop, against fake servers:
     /// {datapath, unary, get_object: {median_us, p99_us, proxy_cpu_us_per_op}}.
     RayRtt(RayRttArgs),
+    /// Ray's dashboard release mix polled by clients once a period, plus
+    /// probes: per path {p50_ms, p95_ms, p99_ms, max_ms, requests, errors,
+    /// bytes_median, ...}.
+    PollMix(PollMixArgs),
+    /// The node managers of ray_synth_cluster.py's synthetic nodes, a
+    /// loopback port each (gRPC health, resource load, node stats), until
+    /// SIGTERM: {nodes, connections, calls}.
+    FakeRaylets(FakeRayletsArgs),
     /// A byte relay with no protocol (the floor of any proxy hop) from a
     /// loopback TCP port to a target, until SIGTERM: {connections, ...}.
     TcpRelay(TcpRelayArgs),
@@ -340,6 +351,54 @@ struct RayRttArgs {
 }
 
 #[derive(Debug, Args)]
+struct PollMixArgs {
+    /// The dashboard, `tcp:127.0.0.1:PORT`.
+    #[arg(long)]
+    target: Target,
+    /// A path every client polls (repeat the flag for more).
+    #[arg(long = "mix")]
+    mix: Vec<String>,
+    /// Clients polling the whole mix, each path on a poller of its own.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// A path polled as a prober does (repeat the flag for more).
+    #[arg(long = "probe")]
+    probes: Vec<String>,
+    /// Seconds between the starts of two polls of one poller (a slower
+    /// answer delays the next poll).
+    #[arg(long, default_value_t = 1.0)]
+    period: f64,
+    /// Seconds during which polls start.
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
+    /// Seconds a mix request may take (Ray's release test: 30).
+    #[arg(long, default_value_t = 30.0)]
+    mix_timeout: f64,
+    /// Seconds a probe may take.
+    #[arg(long, default_value_t = 1.0)]
+    probe_timeout: f64,
+    /// `Accept-Encoding` of every request; empty: none.
+    #[arg(long, default_value = "gzip, deflate, br, zstd")]
+    accept_encoding: String,
+    /// Report the CPU time of this process's whole tree over the run.
+    #[arg(long)]
+    cpu_tree: Option<u32>,
+    /// Kernel clock ticks per second (`getconf CLK_TCK`).
+    #[arg(long, default_value_t = 100)]
+    clk_tck: u64,
+}
+
+#[derive(Debug, Args)]
+struct FakeRayletsArgs {
+    /// Hex lines: the GetNodeStats reply, then one GetResourceLoad reply per node.
+    #[arg(long)]
+    input: std::path::PathBuf,
+    /// Where the nodes' ports go, as {"ports": [...]}, once all listen.
+    #[arg(long)]
+    ports_file: std::path::PathBuf,
+}
+
+#[derive(Debug, Args)]
 struct TcpRelayArgs {
     /// The loopback address to accept connections on, `127.0.0.1:PORT`.
     #[arg(long)]
@@ -456,6 +515,23 @@ async fn run(command: Command) -> anyhow::Result<String> {
             .await?
         }
         Command::TcpRelay(a) => tcp_relay::run(a.listen, a.to).await?,
+        Command::FakeRaylets(a) => fake_raylets::run(&a.input, &a.ports_file).await?,
+        Command::PollMix(a) => {
+            poll_mix::run(poll_mix::Plan {
+                target: a.target,
+                mix: a.mix,
+                clients: a.clients,
+                probes: a.probes,
+                period: secs(a.period, "--period")?.max(Duration::from_millis(1)),
+                duration: secs(a.duration, "--duration")?,
+                mix_timeout: secs(a.mix_timeout, "--mix-timeout")?,
+                probe_timeout: secs(a.probe_timeout, "--probe-timeout")?,
+                accept_encoding: a.accept_encoding,
+                cpu_tree: a.cpu_tree,
+                clk_tck: a.clk_tck,
+            })
+            .await?
+        }
         Command::RayClients(a) => {
             anyhow::ensure!(
                 a.target.ip().is_loopback(),

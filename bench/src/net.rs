@@ -110,10 +110,15 @@ pub(crate) async fn open(target: &Target) -> anyhow::Result<Sender> {
     Ok(sender)
 }
 
+/// What the load tool calls itself in `User-Agent` (Ray 2.45's dashboard
+/// answers 500 to a request without one).
+pub(crate) const USER_AGENT: &str = concat!("ray-dashd-bench/", env!("CARGO_PKG_VERSION"));
+
 /// A GET of `path` (with query) for `target`.
 pub(crate) fn get(target: &Target, path: &str) -> anyhow::Result<Request<Empty<Bytes>>> {
     Request::get(path)
         .header(header::HOST, target.authority())
+        .header(header::USER_AGENT, USER_AGENT)
         .body(Empty::new())
         .with_context(|| format!("bad request path {path:?}"))
 }

@@ -1,0 +1,536 @@
+#!/usr/bin/env bash
+# bench/ray_scale.sh NODES ACTORS TASKS JOBS: Ray's own dashboard and then
+# ray-dashd on one synthetic big cluster (issue 24).
+#
+# Starts a real Ray head (private ports, its own temp dir), gives it the
+# state of a big cluster with bench/ray_synth_cluster.py (NODES nodes in its
+# GCS, ACTORS pending actors, TASKS finished tasks, JOBS finished jobs), then
+# runs Ray's dashboard and ray-dashd one after the other on it, each under
+# the same load for BENCH_DURATION seconds: Ray's release-test mix polled
+# once a second by 1 + BENCH_CLIENTS clients, and two probes. Prints a
+# Markdown table (latency per endpoint, errors, bytes, memory of each
+# dashboard's process tree, ray-dashd's module restarts) and compares both
+# dashboards' answers. See bench/README.md ("Big clusters").
+#
+# Not part of the tests. Loopback only; every wait is bounded; every
+# process it starts is stopped by pid on exit.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$BENCH_DIR")
+
+log() { printf '[ray-scale] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+usage() { echo "usage: $0 NODES ACTORS TASKS JOBS   (e.g. $0 2000 10000 100000 1000)" >&2; exit 64; }
+
+# --- arguments and knobs ------------------------------------------------------------
+[[ $# -eq 4 ]] || usage
+NODES=$1 ACTORS=$2 TASKS=$3 JOBS=$4
+for n in "$NODES" "$ACTORS" "$TASKS" "$JOBS"; do [[ "$n" =~ ^[0-9]+$ ]] || usage; done
+
+DURATION=${BENCH_DURATION:-60}            # seconds of load on each dashboard
+CLIENTS=${BENCH_CLIENTS:-10}              # clients polling the mix besides the release test's one
+SETTLE=${BENCH_SETTLE:-10}                # seconds between ready and the idle memory reading
+VENV=${BENCH_RAY_VENV:-$ROOT/target/test-venv}
+DASHD_BIN=${BENCH_DASHD_BIN:-$ROOT/target/release/ray-dashd}
+LOADGEN=${BENCH_LOADGEN:-$ROOT/target/release/ray-dashd-bench}
+BUILD=${BENCH_BUILD:-0}                   # 1: cargo build --release first
+MODULES=${BENCH_RAY_MODULES:-9}           # ray-dashd is ready when this many modules are healthy
+DASHD_TOML=${BENCH_DASHD_TOML:-}          # extra lines for ray-dashd's config (after [ray])
+DASHD_ENV=${BENCH_DASHD_ENV:-}            # extra NAME=VALUE words for ray-dashd's environment
+ORDER=${BENCH_ORDER:-"ray dashd"}         # which dashboard goes first
+MIX_TIMEOUT=${BENCH_MIX_TIMEOUT:-30}      # a mix request's timeout (Ray's release test: 30 s)
+PROBE_TIMEOUT=${BENCH_PROBE_TIMEOUT:-1}   # a probe's timeout
+ACCEPT_ENCODING=${BENCH_ACCEPT_ENCODING-"gzip, deflate, br, zstd"}
+SYNTH_TIMEOUT=${BENCH_SYNTH_TIMEOUT:-1800}
+SYNTH_ARGS=${BENCH_SYNTH_ARGS:-}          # extra arguments for ray_synth_cluster.py
+RESULTS_DIR=${BENCH_RESULTS_DIR:-$BENCH_DIR/results}
+KEEP=${BENCH_KEEP:-0}                     # 1: keep the temp dir (all logs)
+TIMEOUT=300                               # bound on every wait for a start or a stop
+
+[[ -n "${EPOCHREALTIME:-}" ]] || die "needs bash 5 or later (for \$EPOCHREALTIME)"
+LC_NUMERIC=C
+[[ "$DURATION" =~ ^[0-9]+$ && "$DURATION" -ge 4 ]] || die "BENCH_DURATION must be a whole number of seconds, 4 or more"
+[[ "$CLIENTS" =~ ^[0-9]+$ ]] || die "BENCH_CLIENTS must be a number"
+for s in $ORDER; do [[ $s == ray || $s == dashd ]] || die "BENCH_ORDER: ray and/or dashd, not $s"; done
+
+PY=$VENV/bin/python
+[[ -x "$PY" && -x "$VENV/bin/ray" ]] || die "$VENV has no python and ray; run scripts/test once (it creates target/test-venv) or set BENCH_RAY_VENV"
+RAY_VERSION=$("$PY" -c 'import ray; print(ray.__version__)') || die "$PY cannot import ray"
+
+if [[ "$BUILD" == 1 ]]; then
+    log "cargo build --release -p ray-dashd -p ray-dashd-bench"
+    (cd "$ROOT" && cargo build --release -p ray-dashd -p ray-dashd-bench) >&2
+fi
+[[ -x "$LOADGEN" ]] || die "no load tool at $LOADGEN: BENCH_BUILD=1, or BENCH_LOADGEN=path/to/ray-dashd-bench"
+[[ " $ORDER " != *" dashd "* || -x "$DASHD_BIN" ]] || die "no ray-dashd at $DASHD_BIN: BENCH_BUILD=1, or BENCH_DASHD_BIN=path/to/ray-dashd"
+
+cpu_busy_pct() { # CPU busy over one second, all cores, in percent
+    local a b
+    a=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
+    sleep 1
+    b=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
+    awk -v a="$a" -v b="$b" 'BEGIN{split(a,x," "); split(b,y," "); t=y[2]-x[2]; p=0; if (t > 0) p=100*(y[1]-x[1])/t; printf("%.0f", p)}'
+}
+BUSY_BEFORE=$(cpu_busy_pct)
+(( BUSY_BEFORE < 10 )) || log "warning: the host was ${BUSY_BEFORE}% busy before the run; results will be skewed"
+
+# --- scratch space and cleanup --------------------------------------------------------
+# Short: Ray's and the modules' sockets live below it (AF_UNIX paths ≤ 107 bytes).
+TMP=$(mktemp -d /tmp/rsc.XXXXXX)
+RAY_TEMP=$TMP/ray
+mkdir -p "$RAY_TEMP"
+HEAD_PID=""   # `ray start --block`, leader of its own process group
+SYNTH_PID=""  # ray_synth_cluster.py (its driver and fake raylets below it)
+DASH_PID=""   # the dashboard being measured, root of its tree
+LOAD_PID=""   # poll-mix
+
+alive() { # pid: running (a zombie is not)
+    local state
+    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+    [[ -n "$state" && "$state" != Z && "$state" != X ]]
+}
+
+stop_pid() { # pid grace_s: SIGTERM, then SIGKILL after grace_s
+    local pid=$1 grace=$2 i
+    [[ -n "$pid" ]] || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < grace * 10; i++)); do
+        alive "$pid" || break
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+STOP_JSON=""
+stop_dashboard() {
+    STOP_JSON=""
+    [[ -n "$DASH_PID" ]] || return 0
+    STOP_JSON=$("$LOADGEN" stop-tree --pid "$DASH_PID" --grace 10) || log "stop-tree $DASH_PID failed"
+    wait "$DASH_PID" 2>/dev/null || true
+    DASH_PID=""
+}
+
+stop_head() {
+    local i p
+    [[ -n "$HEAD_PID" ]] || return 0
+    kill -TERM "$HEAD_PID" 2>/dev/null || true
+    for ((i = 0; i < 300; i++)); do
+        alive "$HEAD_PID" || break
+        sleep 0.1
+    done
+    kill -KILL -- "-$HEAD_PID" 2>/dev/null || true
+    wait "$HEAD_PID" 2>/dev/null || true
+    HEAD_PID=""
+    # Whatever left the group (workers re-parented, daemons) still names our
+    # temp dir in its command line.
+    for p in /proc/[0-9]*; do
+        p=${p#/proc/}
+        [[ "$p" != "$$" ]] || continue
+        if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF "$TMP/"; then
+            kill -KILL "$p" 2>/dev/null || true
+        fi
+    done
+}
+
+cleanup() {
+    local status=$?
+    stop_pid "$LOAD_PID" 5
+    stop_dashboard
+    # The script stops its driver and its fake raylets on SIGTERM.
+    stop_pid "$SYNTH_PID" 30
+    stop_head
+    if [[ ($status -ne 0 || "$KEEP" == 1) && -d "$TMP" ]]; then
+        log "logs kept in $TMP (head: head.log; synthetic cluster: synth.log; dashboards: ray-dashboard.log, dashd.log; Ray's own: ray/session_latest/logs/)"
+    else
+        rm -rf "$TMP"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- ports ------------------------------------------------------------------------------
+# 100 consecutive free ports below the kernel's ephemeral range, so that no
+# outgoing connection takes one before Ray binds it. Workers take the upper half.
+BASE=$("$PY" - <<'EOF'
+import os, socket
+def free(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+start = (os.getpid() % 120) * 100
+for i in range(120):
+    base = 20000 + (start + i * 100) % 12000
+    if all(free(p) for p in range(base, base + 100)):
+        print(base)
+        break
+else:
+    raise SystemExit("no block of 100 free ports in 20000-31999")
+EOF
+) || die "no free ports"
+GCS_PORT=$BASE
+RAY_DASH_PORT=$((BASE + 8))
+# ray-dashd takes Ray's dashboard's port in its turn, as it would in a real
+# head: the agents report events to the dashboard port they were given.
+DASHD_PORT=$RAY_DASH_PORT
+METRIC_PORT=$((BASE + 10))
+
+RAY_ENV=(
+    "PATH=$VENV/bin:$PATH"
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+    RAY_USAGE_STATS_ENABLED=0
+    "DASHBOARD_METRIC_PORT=$METRIC_PORT"
+)
+
+# --- the head, with Ray's own dashboard ----------------------------------------------------
+log "starting a Ray $RAY_VERSION head (GCS 127.0.0.1:$GCS_PORT, dashboard :$RAY_DASH_PORT, temp dir $TMP)"
+HEAD_T0=$EPOCHREALTIME
+env "${RAY_ENV[@]}" setsid "$VENV/bin/ray" start --head --block \
+    --include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port="$RAY_DASH_PORT" \
+    --disable-usage-stats --num-cpus=2 --node-ip-address=127.0.0.1 \
+    --object-store-memory=200000000 \
+    --port="$GCS_PORT" --temp-dir="$RAY_TEMP" \
+    --node-manager-port=$((BASE + 1)) --object-manager-port=$((BASE + 2)) \
+    --ray-client-server-port=$((BASE + 3)) --dashboard-agent-listen-port=$((BASE + 4)) \
+    --dashboard-agent-grpc-port=$((BASE + 5)) --runtime-env-agent-port=$((BASE + 6)) \
+    --metrics-export-port=$((BASE + 7)) \
+    --min-worker-port=$((BASE + 50)) --max-worker-port=$((BASE + 99)) \
+    >"$TMP/head.log" 2>&1 </dev/null &
+HEAD_PID=$!
+for ((i = 0; ; i++)); do
+    grep -q "Ray runtime started" "$TMP/head.log" 2>/dev/null && break
+    alive "$HEAD_PID" || die "ray start exited; see $TMP/head.log"
+    ((i < TIMEOUT * 10)) || die "ray start did not report the runtime started within ${TIMEOUT} s"
+    sleep 0.1
+done
+SESSION=$RAY_TEMP/session_latest
+found=$("$LOADGEN" find-descendant --pid "$HEAD_PID" --cmdline-contains "ray/dashboard/dashboard.py") \
+    || die "no dashboard process below ray start (pid $HEAD_PID)"
+ORIG_PID=$(sed -E 's/.*"pid":([0-9]+).*/\1/' <<<"$found")
+[[ "$ORIG_PID" =~ ^[0-9]+$ ]] || die "no pid in $found"
+"$LOADGEN" startup --target "tcp:127.0.0.1:$RAY_DASH_PORT" --path /api/version \
+    --since "$HEAD_T0" --timeout "$TIMEOUT" >/dev/null || die "Ray's own dashboard never answered"
+
+# --- the synthetic cluster ----------------------------------------------------------------
+# Ray's dashboard stays up meanwhile: the few real jobs go through its job API.
+log "building the synthetic cluster: $NODES nodes, $ACTORS actors, $TASKS tasks, $JOBS jobs"
+# The fake nodes' raylets: the load tool's fake-raylets (a port per node),
+# or with BENCH_RUST_RAYLETS=0 the script's own Python server (one port).
+RAYLETS_ARG=(--raylets-bin "$LOADGEN")
+[[ "${BENCH_RUST_RAYLETS:-1}" == 1 ]] || RAYLETS_ARG=()
+SYNTH_T0=$EPOCHREALTIME
+: >"$TMP/synth.log"
+# shellcheck disable=SC2086 # SYNTH_ARGS is a list of words
+env "${RAY_ENV[@]}" "$PY" "$BENCH_DIR/ray_synth_cluster.py" \
+    --gcs-address "127.0.0.1:$GCS_PORT" --nodes "$NODES" --actors "$ACTORS" \
+    --tasks "$TASKS" --jobs "$JOBS" --dashboard-url "http://127.0.0.1:$RAY_DASH_PORT" \
+    ${RAYLETS_ARG[@]+"${RAYLETS_ARG[@]}"} --server-log "$TMP/raylets.log" \
+    --summary-file "$TMP/synth.json" --exit-with-parent $SYNTH_ARGS \
+    >"$TMP/synth.out" 2>>"$TMP/synth.log" </dev/null &
+SYNTH_PID=$!
+shown=0
+for ((i = 0; ; i++)); do
+    # Pass the script's progress on as it comes.
+    total=$(wc -l <"$TMP/synth.log")
+    if ((total > shown)); then
+        sed -n "$((shown + 1)),${total}p" "$TMP/synth.log" | grep '^\[synth' >&2 || true
+        shown=$total
+    fi
+    [[ -s "$TMP/synth.json" ]] && break
+    alive "$SYNTH_PID" || { tail -n 30 "$TMP/synth.log" >&2; die "ray_synth_cluster.py exited; see $TMP/synth.log"; }
+    ((i < SYNTH_TIMEOUT * 5)) || die "the synthetic cluster was not built within ${SYNTH_TIMEOUT} s"
+    sleep 0.2
+done
+SYNTH_S=$(awk -v a="$SYNTH_T0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.0f", b-a}')
+SYNTH_JSON=$(cat "$TMP/synth.json")
+HEAD_NODE_ID=$(sed -E 's/.*"head_node_id": "([0-9a-f]+)".*/\1/' <<<"$SYNTH_JSON")
+[[ "$HEAD_NODE_ID" =~ ^[0-9a-f]+$ ]] || die "no head_node_id in $TMP/synth.json"
+log "synthetic cluster built in ${SYNTH_S} s"
+
+# Ray's release mix (release/.../dashboard_test): the logs route with the
+# head's node id (the release test's bare /api/v0/logs answers 400 at once).
+if [[ -n "${BENCH_MIX:-}" ]]; then
+    read -r -a MIX <<<"$BENCH_MIX"
+else
+    MIX=(/logical/actors "/nodes?view=summary" / /api/cluster_status /events /api/jobs/
+        "/api/v0/logs?node_id=$HEAD_NODE_ID" /api/prometheus_health)
+fi
+read -r -a PROBES <<<"${BENCH_PROBES:-/api/healthz /api/gcs_healthz}"
+
+# Relaunch Ray's dashboard the way `ray start` did (same command line,
+# environment, working directory) for its turn, as bench/ray_dashboard.sh does.
+cp "/proc/$ORIG_PID/cmdline" "$TMP/ray-dashboard.argv"
+cp "/proc/$ORIG_PID/environ" "$TMP/ray-dashboard.env"
+RAY_CWD=$(readlink "/proc/$ORIG_PID/cwd")
+mapfile -d '' -t RAY_DASH_ARGV <"$TMP/ray-dashboard.argv"
+mapfile -d '' -t RAY_DASH_ENV <"$TMP/ray-dashboard.env"
+DASH_PID=$ORIG_PID
+stop_dashboard
+
+cat >"$TMP/dashd.toml" <<EOF
+builtin_modules = false
+
+[server]
+host = "127.0.0.1"
+
+[ray]
+modules = "on"
+python = "$PY"
+client_port = 0
+$DASHD_TOML
+EOF
+
+# --- measurements -------------------------------------------------------------------
+mkdir -p "$RESULTS_DIR"
+RAW=$RESULTS_DIR/ray_scale.jsonl
+: >"$RAW"
+printf '{"kind":"synth","seconds":%s,"result":%s}\n' "$SYNTH_S" "$SYNTH_JSON" >>"$RAW"
+CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
+
+record() { # kind system json
+    printf '{"kind":"%s","system":"%s","result":%s}\n' "$1" "$2" "$3" >>"$RAW"
+}
+
+modules_json() { # port: ray-dashd's /api/modules, as {name: restarts}
+    "$PY" - "$1" <<'EOF'
+import json, sys, urllib.request
+with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/api/modules", timeout=30) as r:
+    mods = json.load(r)
+print(json.dumps({m["name"]: {"restarts": m.get("restarts", 0), "state": m.get("state"),
+                  "last_error": m.get("last_error")} for m in mods}))
+EOF
+}
+
+error_lines() { # ERROR lines and tracebacks in the dashboards' logs so far (not the agent's)
+    local f files=()
+    for f in "$SESSION"/logs/dashboard*.log "$SESSION"/logs/dashboard*.err "$SESSION"/logs/ray-dashd*.log; do
+        [[ -f "$f" && "$f" != */dashboard_agent* ]] && files+=("$f")
+    done
+    ((${#files[@]})) || { echo 0; return; }
+    cat "${files[@]}" | grep -cE '[[:space:]]ERROR[[:space:]]|^Traceback' || true
+}
+
+MIX_ARGS=()
+for p in "${MIX[@]}"; do MIX_ARGS+=(--mix "$p"); done
+for p in "${PROBES[@]}"; do MIX_ARGS+=(--probe "$p"); done
+
+launch() { # system: starts it in the background; sets DASH_PID, PORT, LOGFILE, LAUNCHED_AT
+    local system=$1
+    LAUNCHED_AT=$EPOCHREALTIME
+    if [[ $system == ray ]]; then
+        PORT=$RAY_DASH_PORT LOGFILE=$TMP/ray-dashboard.log
+        (cd "$RAY_CWD" && exec setsid env -i "${RAY_DASH_ENV[@]}" "${RAY_DASH_ARGV[@]}") \
+            >>"$LOGFILE" 2>&1 </dev/null &
+    else
+        PORT=$DASHD_PORT LOGFILE=$TMP/dashd.log
+        # shellcheck disable=SC2086 # DASHD_ENV is a list of NAME=VALUE words
+        env "${RAY_ENV[@]}" $DASHD_ENV "$DASHD_BIN" \
+            --session-dir "$SESSION" --port "$DASHD_PORT" --config "$TMP/dashd.toml" \
+            >>"$LOGFILE" 2>&1 </dev/null &
+    fi
+    DASH_PID=$!
+}
+
+wait_ready() { # system pid: prints startup's JSON once the dashboard answers
+    local system=$1 pid=$2 port logfile modules_arg=() ready_paths=() p
+    if [[ $system == ray ]]; then
+        port=$RAY_DASH_PORT logfile=$TMP/ray-dashboard.log
+    else
+        port=$DASHD_PORT logfile=$TMP/dashd.log
+        modules_arg=(--modules "$MODULES")
+    fi
+    for p in "${MIX[@]}"; do [[ $p == /api/prometheus_health || $p == /api/v0/logs* ]] || ready_paths+=(--path "$p"); done
+    ((${#ready_paths[@]})) || ready_paths=(--path /api/version)
+    if ! "$LOADGEN" startup --target "tcp:127.0.0.1:$port" "${ready_paths[@]}" "${modules_arg[@]}" \
+        --since "$LAUNCHED_AT" --timeout "$TIMEOUT"; then
+        tail -n 30 "$logfile" >&2
+        die "$system (pid $pid) did not get ready; see $logfile"
+    fi
+}
+
+measure() { # system
+    local system=$1 name out errors0 errors1 before after half
+    if [[ $system == ray ]]; then name="Ray's dashboard"; else name=ray-dashd; fi
+    alive "$HEAD_PID" || die "the Ray head (pid $HEAD_PID) is gone; see $TMP/head.log"
+    alive "$SYNTH_PID" || die "ray_synth_cluster.py is gone; see $TMP/synth.log"
+    errors0=$(error_lines)
+    launch "$system"
+    out=$(wait_ready "$system" "$DASH_PID")
+    record startup "$system" "$out"
+    log "$name (pid $DASH_PID) ready: $out; settling ${SETTLE} s"
+    sleep "$SETTLE"
+    out=$("$LOADGEN" tree-mem --pid "$DASH_PID") || die "cannot read the memory of pid $DASH_PID"
+    record mem_idle "$system" "$out"
+    if [[ $system == dashd ]]; then
+        before=$(modules_json "$PORT") || die "GET /api/modules failed"
+        record modules_before "$system" "$before"
+    fi
+    log "$name: ${DURATION} s of load (mix × $((CLIENTS + 1)) clients, probes ${PROBES[*]})"
+    "$LOADGEN" poll-mix --target "tcp:127.0.0.1:$PORT" "${MIX_ARGS[@]}" --clients $((CLIENTS + 1)) \
+        --duration "$DURATION" --mix-timeout "$MIX_TIMEOUT" --probe-timeout "$PROBE_TIMEOUT" \
+        --accept-encoding "$ACCEPT_ENCODING" --cpu-tree "$DASH_PID" --clk-tck "$CLK_TCK" \
+        >"$TMP/load.$system.json" 2>"$TMP/load.$system.err" &
+    LOAD_PID=$!
+    half=$((DURATION / 2))
+    sleep "$half"
+    out=$("$LOADGEN" tree-mem --pid "$DASH_PID") || die "cannot read the memory of pid $DASH_PID"
+    record mem_mid "$system" "$out"
+    wait "$LOAD_PID" || { cat "$TMP/load.$system.err" >&2; die "poll-mix failed on $name"; }
+    LOAD_PID=""
+    record load "$system" "$(cat "$TMP/load.$system.json")"
+    out=$("$LOADGEN" tree-mem --pid "$DASH_PID") || die "cannot read the memory of pid $DASH_PID"
+    record mem_after "$system" "$out"
+    if [[ $system == dashd ]]; then
+        after=$(modules_json "$PORT") || die "GET /api/modules failed"
+        record modules_after "$system" "$after"
+    fi
+    errors1=$(error_lines)
+    record log_errors "$system" "{\"error_lines\":$((errors1 - errors0))}"
+    stop_dashboard
+    [[ -z "$STOP_JSON" ]] || record stop "$system" "$STOP_JSON"
+    log "$name done"
+}
+
+for system in $ORDER; do
+    measure "$system"
+done
+
+# --- answers -------------------------------------------------------------------------
+# Each dashboard started again, alone, idle: Ray's, ray-dashd, Ray's again;
+# each mix path fetched once from each. What differs between Ray's two
+# answers (as far apart as Ray's and ray-dashd's) changes on its own and is
+# reported as volatile.
+ANSWERS="" NOISE=""
+if [[ " $ORDER " == *" ray "* && " $ORDER " == *" dashd "* && "${BENCH_ANSWERS:-1}" == 1 ]]; then
+    for side in ray dashd ray2; do
+        system=${side%2}
+        log "answers: $side"
+        launch "$system"
+        wait_ready "$system" "$DASH_PID" >/dev/null
+        # Long enough for the head's agent to report to it (every few seconds).
+        sleep "${BENCH_ANSWERS_SETTLE:-15}"
+        "$PY" "$BENCH_DIR/compare_answers.py" --save "$TMP/answers.$side" \
+            "http://127.0.0.1:$PORT" "${MIX[@]}" || log "saving the answers of $side failed"
+        stop_dashboard
+    done
+    ANSWERS=$("$PY" "$BENCH_DIR/compare_answers.py" --dirs "$TMP/answers.ray" "$TMP/answers.dashd" \
+        --noise "$TMP/answers.ray2" 2>&1) || true
+    NOISE=$("$PY" "$BENCH_DIR/compare_answers.py" --dirs "$TMP/answers.ray" "$TMP/answers.ray2" 2>&1) || true
+fi
+
+# --- report ------------------------------------------------------------------------------
+MODEL=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
+REV=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+DIRTY=$(cd "$ROOT" && git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo " + uncommitted changes" || true)
+{
+    echo "# Ray's dashboard and ray-dashd on a synthetic big cluster"
+    echo
+    echo "- cluster: $NODES nodes, $ACTORS pending actors, $TASKS finished tasks, $JOBS finished jobs (bench/ray_synth_cluster.py, built in ${SYNTH_S} s) on one real Ray $RAY_VERSION head, \`--num-cpus=2\`"
+    echo "- machine: nproc $(nproc), $MODEL, Linux $(uname -r); host CPU ${BUSY_BEFORE}% busy in the second before the run"
+    echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV$DIRTY ($DASHD_BIN)${DASHD_TOML:+; extra config: $(tr '\n' ' ' <<<"$DASHD_TOML")}${DASHD_ENV:+; extra environment: $DASHD_ENV}"
+    echo "- load, per dashboard, one after the other ($ORDER): ${DURATION} s; each mix path polled by $((CLIENTS + 1)) clients (Ray's release test's one + $CLIENTS), each once a second at most (the next poll when the answer is in and the second is over; timeout ${MIX_TIMEOUT} s), probes once a second (timeout ${PROBE_TIMEOUT} s, new connection each); Accept-Encoding: ${ACCEPT_ENCODING:-none}"
+    echo
+    "$PY" - "$RAW" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+by = {}
+for r in rows:
+    by.setdefault((r["kind"], r.get("system")), r["result"])
+
+def ms(v):
+    if v is None:
+        return "—"
+    return f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms" if v >= 10 else f"{v:.1f} ms"
+
+def size(b):
+    if b is None:
+        return "—"
+    return f"{b / 1048576:.1f} MiB" if b >= 1048576 else f"{b / 1024:.0f} KiB" if b >= 1024 else f"{b} B"
+
+def errors(e):
+    if e is None:
+        return "—"
+    if not e["errors"]:
+        return "0"
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(e["error_kinds"].items()))
+    return f"{e['errors']} ({kinds})"
+
+loads = {s: {e["path"]: e for e in (by.get(("load", s)) or {}).get("endpoints", [])} for s in ("ray", "dashd")}
+paths = list(dict.fromkeys([*loads["ray"], *loads["dashd"]]))
+print("| endpoint | Ray p50 / p95 / p99 / max | ray-dashd p50 / p95 / p99 / max | p99 ray-dashd / Ray | requests Ray / ray-dashd | errors Ray | errors ray-dashd | bytes (median) Ray / ray-dashd |")
+print("|---|---|---|---|---|---|---|---|")
+for p in paths:
+    r, d = loads["ray"].get(p), loads["dashd"].get(p)
+    q = lambda e: " / ".join(ms(e.get(k)) for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")) if e else "—"
+    ratio = "—"
+    # Only where both answered alike (Ray's 404 for /api/healthz is no answer).
+    alike = r and d and (r["ok"] > 0) == (d["ok"] > 0) and r["ok"] + d["ok"] > 0 or (
+        r and d and not r["ok"] and not d["ok"] and set(r["error_kinds"]) == set(d["error_kinds"]))
+    if alike and r.get("p99_ms") and d.get("p99_ms") is not None:
+        ratio = f"{d['p99_ms'] / r['p99_ms']:.2f}"
+    reqs = f"{r['requests'] if r else '—'} / {d['requests'] if d else '—'}"
+    b = f"{size(r.get('bytes_median')) if r else '—'} / {size(d.get('bytes_median')) if d else '—'}"
+    tag = " (probe)" if (r or d or {}).get("kind") == "probe" else ""
+    print(f"| `{p}`{tag} | {q(r)} | {q(d)} | {ratio} | {reqs} | {errors(r)} | {errors(d)} | {b} |")
+print()
+print("| memory of the whole process tree | Ray's dashboard | ray-dashd | ray-dashd / Ray |")
+print("|---|---|---|---|")
+for kind, label in (("mem_idle", "idle (ready + settle)"), ("mem_mid", "mid-run"), ("mem_after", "after the run")):
+    for field, unit in (("total_pss_kib", "PSS"), ("total_rss_kib", "RSS")):
+        r, d = ((by.get((kind, s)) or {}).get(field) for s in ("ray", "dashd"))
+        ratio = f"{d / r:.2f}" if r and d else "—"
+        f = lambda v: f"{v / 1024:.0f} MiB" if v else "—"
+        print(f"| {unit}, {label} | {f(r)} | {f(d)} | {ratio} |")
+procs = [(by.get(("mem_mid", s)) or {}).get("processes", "—") for s in ("ray", "dashd")]
+print(f"| processes in the tree, mid-run | {procs[0]} | {procs[1]} | |")
+print()
+extra = []
+for s, name in (("ray", "Ray's dashboard"), ("dashd", "ray-dashd")):
+    st = by.get(("startup", s))
+    ld = by.get(("load", s))
+    le = by.get(("log_errors", s))
+    if st:
+        extra.append(f"- {name}: ready {st.get('ready_ms', 0) / 1000:.1f} s after launch"
+                     + (f"; CPU of its tree during the load {ld['tree_cpu_s']:.1f} s of {ld['seconds']:.0f} s" if ld and "tree_cpu_s" in ld else "")
+                     + (f"; load tool CPU {ld['loadgen_cpu_s']:.1f} s" if ld else "")
+                     + (f"; ERROR lines / tracebacks in the dashboard modules' logs meanwhile: {le['error_lines']}" if le else ""))
+b, a = by.get(("modules_before", "dashd")), by.get(("modules_after", "dashd"))
+if b and a:
+    restarts = {m: a[m]["restarts"] - b.get(m, {}).get("restarts", 0) for m in a}
+    total = sum(restarts.values())
+    detail = ", ".join(f"{m} {n} ({a[m].get('last_error') or 'no error recorded'})" for m, n in restarts.items() if n)
+    extra.append(f"- ray-dashd module restarts during the load: {total}" + (f": {detail}" if detail else ""))
+synth = by.get(("synth", None))
+if synth:
+    t = synth.get("timings", {})
+    extra.append(
+        "- synthetic cluster: {na} of {n} nodes alive, actors {a}, task events stored {te} (dropped {td}), jobs in the GCS {j}; "
+        "phases: nodes {tn} s, jobs {tj} s, tasks {tt} s, actors {ta} s".format(
+            na=synth.get("nodes_alive"), n=synth.get("nodes_registered"), a=synth.get("actor_states"),
+            te=synth.get("task_events_stored"), td=synth.get("task_attempts_dropped"),
+            j=synth.get("jobs_in_gcs"), tn=t.get("nodes_s"), tj=t.get("jobs_s"), tt=t.get("tasks_s"),
+            ta=t.get("actors_s")))
+print("\n".join(extra))
+EOF
+    if [[ -n "$ANSWERS" ]]; then
+        echo
+        echo "Answers after the runs (each dashboard started again alone and idle: Ray's, ray-dashd, Ray's again), Ray's against ray-dashd's (JSON compared after parsing; time-varying fields left out, see bench/compare_answers.py):"
+        echo
+        sed 's/^/    /' <<<"$ANSWERS"
+    fi
+    if [[ -n "$NOISE" ]]; then
+        echo
+        echo "Ray's against itself, started again after ray-dashd (what the comparison cannot hold equal):"
+        echo
+        sed 's/^/    /' <<<"$NOISE"
+    fi
+} | tee "$RESULTS_DIR/ray_scale.md"
+
+# The fake nodes must still be alive, or the second dashboard saw another cluster.
+alive "$SYNTH_PID" || log "warning: ray_synth_cluster.py exited during the run; see $TMP/synth.log"

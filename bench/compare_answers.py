@@ -20,6 +20,9 @@ and map keys that are hex ids are `*` too), `--no-default-ignore` drops the buil
 ones. With `--noise DIR_C`, a difference at a path where A and C differ as
 well is reported as "volatile" instead (it changes on its own).
 
+With `RAY_AUTH_TOKEN` set (a cluster with Ray's token authentication), it
+is sent as `Authorization: Bearer`.
+
 Prints one line per PATH: `same`, or the first difference (its path and both
 values, shortened), and exits 1 when any PATH differs (volatile ones do not
 count), 2 on a usage error or when a fetch fails. Standard library only.
@@ -83,7 +86,12 @@ DEFAULT_IGNORE = [
 
 
 def fetch(url, timeout):
-    request = urllib.request.Request(url, headers={"Accept-Encoding": "identity"})
+    headers = {"Accept-Encoding": "identity"}
+    # A cluster with Ray's token authentication: the token Ray's CLI reads.
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    if token:
+        headers["Authorization"] = "Bearer " + token.strip()
+    request = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             status, body, encoding = resp.status, resp.read(), resp.headers.get("Content-Encoding")

@@ -287,6 +287,27 @@ def random_hex(rng, n_bytes):
     return bytes(rng.getrandbits(8) for _ in range(n_bytes))
 
 
+def _token_interceptor_class():
+    import grpc
+
+    class Interceptor(grpc.UnaryUnaryClientInterceptor):
+        """Adds `authorization: Bearer <token>` to every unary call."""
+
+        def __init__(self, token):
+            self.metadata = (("authorization", "Bearer " + token),)
+
+        def intercept_unary_unary(self, continuation, details, request):
+            metadata = tuple(details.metadata or ()) + self.metadata
+            details = details._replace(metadata=metadata)
+            return continuation(details, request)
+
+    return Interceptor
+
+
+def TokenInterceptor(token):
+    return _token_interceptor_class()(token)
+
+
 def head_node(node_stub):
     from ray.core.generated import gcs_service_pb2
 
@@ -760,6 +781,11 @@ def main():
     timings = {}
     holder, agent_port = closed_port()
     channel = grpc.insecure_channel(args.gcs_address, options=GRPC_OPTIONS)
+    # A head with Ray's token authentication: every GCS call carries the
+    # token Ray's own clients read, as they send it.
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if token:
+        channel = grpc.intercept_channel(channel, TokenInterceptor(token))
     try:
         grpc.channel_ready_future(channel).result(timeout=60)
     except grpc.FutureTimeoutError:

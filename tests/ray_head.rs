@@ -118,6 +118,17 @@ impl RayHead {
         Self::launch(python, None, &[], extra_env)
     }
 
+    /// A head with Ray's own dashboard, on 127.0.0.1:`port`.
+    pub(crate) fn start_with_dashboard(python: &Path, port: u16) -> RayHead {
+        let port = format!("--dashboard-port={port}");
+        let flags = [
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            &port,
+        ];
+        Self::launch(python, None, &flags, &[])
+    }
+
     /// A head that other nodes may join ([`RayHead::join`]).
     pub(crate) fn start_multi_node(python: &Path) -> RayHead {
         Self::launch(python, None, &[], &[MULTI_NODE])

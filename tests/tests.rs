@@ -28,6 +28,7 @@ mod ray_client;
 mod ray_cluster;
 mod ray_head;
 mod ray_releases;
+mod ray_scale;
 mod ray_serving;
 mod ray_setup;
 mod ray_tls;

@@ -396,6 +396,30 @@ pub struct Scrape<'a> {
     pub modules: Vec<ModuleSample<'a>>,
     /// Lines each log writer dropped, by writer.
     pub dropped_log_lines: Vec<(&'static str, u64)>,
+    /// The host process's own readings.
+    pub process: ProcessReadings,
+}
+
+/// What `/proc` says of the host process: read off the async runtime
+/// ([`ProcessReadings::read`] blocks) before a scrape is encoded.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessReadings {
+    /// File descriptors open in the host.
+    pub open_fds: Option<i64>,
+    /// Its resident set size, in bytes.
+    pub rss_bytes: Option<u64>,
+}
+
+impl ProcessReadings {
+    /// Reads them. Blocking: `/proc/self/fd` lists one entry per open
+    /// file, thousands with thousands of clients.
+    pub fn read() -> ProcessReadings {
+        ProcessReadings {
+            open_fds: open_fds(),
+            rss_bytes: ray_dashd_contract::proc::status_kib(std::process::id(), "VmRSS")
+                .map(|kib| kib.saturating_mul(1024)),
+        }
+    }
 }
 
 impl Scrape<'_> {
@@ -479,14 +503,14 @@ impl Scrape<'_> {
             "Log lines dropped because a writer fell behind, by writer",
             dropped,
         );
-        if let Some(fds) = open_fds() {
+        if let Some(fds) = self.process.open_fds {
             let gauge = Gauge::<i64>::default();
             gauge.set(fds);
             registry.register("open_fds", "File descriptors open in the host", gauge);
         }
-        if let Some(kib) = ray_dashd_contract::proc::status_kib(std::process::id(), "VmRSS") {
+        if let Some(bytes) = self.process.rss_bytes {
             let gauge = Gauge::<i64>::default();
-            gauge.set(i64::try_from(kib.saturating_mul(1024)).unwrap_or(i64::MAX));
+            gauge.set(i64::try_from(bytes).unwrap_or(i64::MAX));
             registry.register_with_unit(
                 "resident_memory",
                 "Resident set size of the host",
@@ -590,6 +614,7 @@ mod tests {
                 in_flight: 1,
             }],
             dropped_log_lines: vec![("stderr", 4)],
+            process: ProcessReadings::read(),
         };
         let text = metrics.encode(&scrape);
         for line in [

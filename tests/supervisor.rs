@@ -408,3 +408,22 @@ async fn module_gets_contract_env_and_log_files() {
         assert!(tm.get(field).is_some(), "{field} missing from {tm}");
     }
 }
+
+/// Modules run nicer than the host (5 by default, `nice` per module), so
+/// that with the CPU scarce the host answers its probes first.
+#[tokio::test]
+async fn modules_run_nicer_than_the_host() {
+    let nice_of = |pid: u64| {
+        let pid = rustix::process::Pid::from_raw(pid as i32).expect("a pid");
+        rustix::process::getpriority_process(Some(pid)).expect("getpriority")
+    };
+    let d = dashd()
+        .module(test_module("tm"))
+        .module(test_module("same").routes(&[]).supervision("nice", "0"))
+        .start();
+    let host = nice_of(u64::from(d.pid()));
+    let niced = pid_of(&d.healthy("tm", 0).await);
+    assert_eq!(nice_of(niced), (host + 5).min(19));
+    let same = pid_of(&d.healthy("same", 0).await);
+    assert_eq!(nice_of(same), host);
+}

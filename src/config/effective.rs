@@ -122,6 +122,7 @@ fn supervision(s: &Supervision, base: Option<&Supervision>) -> RawSupervision {
         max_connections: differs_n(|s| s.max_connections),
         max_queued_requests: differs_n(|s| s.max_queued_requests),
         busy_max_secs: differs(|s| s.busy_max),
+        nice: base.is_none_or(|b| b.nice != s.nice).then_some(s.nice),
         memory_budget_mib: base
             .is_none_or(|b| b.memory_budget != s.memory_budget)
             .then(|| s.memory_budget.map(|bytes| bytes / (1024 * 1024)))

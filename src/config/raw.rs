@@ -129,6 +129,8 @@ pub(super) struct RawSupervision {
     pub(super) busy_max_secs: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) memory_budget_mib: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) nice: Option<i32>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -230,6 +232,7 @@ impl RawSupervision {
             max_queued_requests: over.max_queued_requests.or(self.max_queued_requests),
             busy_max_secs: over.busy_max_secs.or(self.busy_max_secs),
             memory_budget_mib: over.memory_budget_mib.or(self.memory_budget_mib),
+            nice: over.nice.or(self.nice),
         }
     }
 

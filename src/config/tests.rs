@@ -344,6 +344,8 @@ fn rejects_bad_names_patterns_and_settings() {
         ("[module_defaults]\nbusy_max_secs = 0\n", "module_defaults.busy_max_secs"),
         ("[ray]\nmemory_budget_mib = 0\n", "ray.memory_budget_mib"),
         ("[ray]\ncache_secs = -1\n", "ray.cache_secs"),
+        ("[module_defaults]\nnice = 20\n", "module_defaults.nice"),
+        ("[module_defaults]\nnice = -1\n", "module_defaults.nice"),
         (
             "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nroutes = [{ method = \"POST\", path = \"/x\", type = \"http\", cache_secs = 1 }]\n",
             "modules[0].routes[0].cache_secs",

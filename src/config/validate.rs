@@ -495,6 +495,12 @@ impl Validator<'_> {
                 Some(mib) => Some(mib.saturating_mul(1024 * 1024)),
                 None => base.memory_budget,
             },
+            nice: match raw.nice {
+                Some(n) if !(0..=19).contains(&n) => {
+                    return Err(self.invalid(f("nice"), "must be from 0 to 19"))
+                }
+                n => n.unwrap_or(base.nice),
+            },
         };
         // A zero backoff or stable-after time would restart a failing module
         // at once, again and again.

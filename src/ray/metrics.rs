@@ -121,37 +121,16 @@ async fn sample(
                 processes.push((format!("dashboard_{}", module.name()), pid));
             }
         }
-        let now = Instant::now();
-        let mut seen = HashMap::with_capacity(processes.len());
-        let components = processes
-            .into_iter()
-            .filter_map(|(component, pid)| {
-                let stat = ray_dashd_contract::proc::stat(pid).ok()?;
-                let ticks = stat.utime + stat.stime;
-                let cpu_percent = match last.get(&pid) {
-                    Some((before, at)) if ticks >= *before => {
-                        let wall = now.duration_since(*at).as_secs_f64();
-                        if wall > 0.0 {
-                            (ticks - before) as f64 / ticks_per_second / wall * 100.0
-                        } else {
-                            0.0
-                        }
-                    }
-                    _ => 0.0,
-                };
-                seen.insert(pid, (ticks, now));
-                let rss_bytes = ray_dashd_contract::proc::status_kib(pid, "VmRSS")
-                    .unwrap_or(0)
-                    .saturating_mul(1024);
-                Some(ComponentSample {
-                    component,
-                    pid,
-                    cpu_percent,
-                    rss_bytes,
-                    uss_bytes: uss_bytes(pid).unwrap_or(0),
-                })
-            })
-            .collect();
+        // `/proc` reads (`smaps_rollup` walks a process's page tables)
+        // never on the runtime's thread.
+        let before = std::mem::take(&mut last);
+        let Ok((components, seen)) = tokio::task::spawn_blocking(move || {
+            read_components(processes, &before, ticks_per_second)
+        })
+        .await
+        else {
+            return;
+        };
         last = seen;
         let tasks = tokio::runtime::Handle::current()
             .metrics()
@@ -173,6 +152,47 @@ async fn sample(
         }
         lag = tokio::time::Instant::now().saturating_duration_since(due);
     }
+}
+
+/// CPU, RSS and USS of each `(component, pid)`; CPU as the share of a core
+/// since `last` (ticks and when, by pid), which it returns anew. Blocking.
+fn read_components(
+    processes: Vec<(String, u32)>,
+    last: &HashMap<u32, (u64, Instant)>,
+    ticks_per_second: f64,
+) -> (Vec<ComponentSample>, HashMap<u32, (u64, Instant)>) {
+    let now = Instant::now();
+    let mut seen = HashMap::with_capacity(processes.len());
+    let components = processes
+        .into_iter()
+        .filter_map(|(component, pid)| {
+            let stat = ray_dashd_contract::proc::stat(pid).ok()?;
+            let ticks = stat.utime + stat.stime;
+            let cpu_percent = match last.get(&pid) {
+                Some((before, at)) if ticks >= *before => {
+                    let wall = now.duration_since(*at).as_secs_f64();
+                    if wall > 0.0 {
+                        (ticks - before) as f64 / ticks_per_second / wall * 100.0
+                    } else {
+                        0.0
+                    }
+                }
+                _ => 0.0,
+            };
+            seen.insert(pid, (ticks, now));
+            let rss_bytes = ray_dashd_contract::proc::status_kib(pid, "VmRSS")
+                .unwrap_or(0)
+                .saturating_mul(1024);
+            Some(ComponentSample {
+                component,
+                pid,
+                cpu_percent,
+                rss_bytes,
+                uss_bytes: uss_bytes(pid).unwrap_or(0),
+            })
+        })
+        .collect();
+    (components, seen)
 }
 
 /// A process's unique set size: its private pages, from

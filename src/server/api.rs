@@ -33,6 +33,9 @@ pub(super) fn handler(route: ApiRoute) -> MethodRouter<AppState> {
 
 /// The host's metrics (see [`crate::metrics`]), read now.
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let process = tokio::task::spawn_blocking(crate::metrics::ProcessReadings::read)
+        .await
+        .unwrap_or_default();
     let modules = state.supervisor.modules();
     let reports: Vec<_> = modules
         .iter()
@@ -50,6 +53,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             })
             .collect(),
         dropped_log_lines: crate::logging::dropped_lines(),
+        process,
     };
     (
         [

@@ -287,6 +287,7 @@ pub(crate) fn spawn_module(
         &mut cmd,
         cgroup.as_ref().map(IncarnationCgroup::procs_fd),
         descriptors::limit_for_modules(),
+        module_priority(spec.supervision.nice),
     );
     let child =
         match containment
@@ -325,9 +326,14 @@ pub(crate) fn spawn_module(
 /// starts, and makes the kernel SIGKILL it when the host dies, even by
 /// SIGKILL.
 #[allow(unsafe_code)]
-fn prepare_child(cmd: &mut Command, cgroup_procs: Option<RawFd>, nofile: Option<Rlimit>) {
+fn prepare_child(
+    cmd: &mut Command,
+    cgroup_procs: Option<RawFd>,
+    nofile: Option<Rlimit>,
+    priority: Option<i32>,
+) {
     // SAFETY: the closure runs between fork and exec and makes only
-    // async-signal-safe system calls (write, setrlimit); it allocates
+    // async-signal-safe system calls (write, setrlimit, setpriority); it allocates
     // nothing and takes no lock. The descriptor stays open in the parent
     // until the spawn has returned.
     unsafe {
@@ -341,10 +347,25 @@ fn prepare_child(cmd: &mut Command, cgroup_procs: Option<RawFd>, nofile: Option<
             if let Some(limit) = nofile {
                 descriptors::restore(limit)?;
             }
+            if let Some(priority) = priority {
+                // Raising one's nice value needs no privilege; a failure
+                // leaves the module at the host's.
+                let _ = rustix::process::setpriority_process(None, priority);
+            }
             Ok(())
         });
     }
     ray_dashd_contract::child::own_child(cmd.as_std_mut());
+}
+
+/// The nice value for a module `nice` nicer than the host (at most 19);
+/// `None` when that is the host's own.
+fn module_priority(nice: i32) -> Option<i32> {
+    if nice == 0 {
+        return None;
+    }
+    let host = rustix::process::getpriority_process(None).unwrap_or(0);
+    Some(host.saturating_add(nice).min(19))
 }
 
 /// `dashboard_<name>.<ext>`: a module's log file in `<session>/logs`.

@@ -110,12 +110,34 @@ fn the_systemd_units_run_as_written() {
         let name = arg.trim_start_matches("--");
         assert_ray_start_flag(&help, name.split('=').next().expect("a name"));
     }
-    // Ray's proxier moved off the port ray-dashd's proxy takes.
+    // Ray's proxier moved off the port ray-dashd's proxy takes, to one
+    // Ray accepts.
+    assert_client_server_port_moved(&head);
+}
+
+/// Ray's default worker ports (`--min-worker-port`, `--max-worker-port`):
+/// `ray start` refuses a component port among them ("worker_ports is
+/// trying to use a port number 10002 that is used by other components").
+const RAY_WORKER_PORTS: std::ops::RangeInclusive<u16> = 10002..=19999;
+
+/// `args` (a `ray start` command line) move Ray's proxier off 10001, to a
+/// port `ray start` takes.
+fn assert_client_server_port_moved(args: &[String]) {
+    let port: u16 = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--ray-client-server-port="))
+        .unwrap_or_else(|| panic!("Ray's proxier is not moved: {args:?}"))
+        .parse()
+        .expect("a port number");
+    assert_client_server_port_allowed(port);
+}
+
+/// Ray's proxier's port: not ray-dashd's, nor one of Ray's worker ports.
+fn assert_client_server_port_allowed(port: u16) {
+    assert_ne!(port, 10001, "Ray's proxier on ours");
     assert!(
-        head.iter()
-            .any(|a| a.starts_with("--ray-client-server-port=")
-                && a != "--ray-client-server-port=10001"),
-        "{head:?}"
+        !RAY_WORKER_PORTS.contains(&port),
+        "{port} is one of Ray's default worker ports ({RAY_WORKER_PORTS:?}): ray start refuses it"
     );
 }
 
@@ -210,7 +232,8 @@ fn the_kuberay_head_runs_as_written() {
     for (key, value) in params {
         assert_ray_start_flag(&help, key.as_str().expect("a flag name"));
         if key.as_str() == Some("ray-client-server-port") {
-            assert_ne!(value.as_str(), Some("10001"), "Ray's proxier on ours");
+            let port = value.as_str().expect("a port, as a string");
+            assert_client_server_port_allowed(port.parse().expect("a port number"));
         }
     }
     assert_eq!(
@@ -260,13 +283,7 @@ fn the_readme_ray_recipe_runs_as_written() {
         let name = arg.trim_start_matches("--");
         assert_ray_start_flag(&help, name.split('=').next().expect("a name"));
     }
-    assert!(
-        start
-            .iter()
-            .any(|a| a.starts_with("--ray-client-server-port=")
-                && a != "--ray-client-server-port=10001"),
-        "{start:?}"
-    );
+    assert_client_server_port_moved(&start);
     let dashd = lines
         .iter()
         .find(|l| l[0].ends_with("/ray-dashd"))

@@ -283,7 +283,7 @@ fn the_readme_ray_recipe_runs_as_written() {
         let name = arg.trim_start_matches("--");
         assert_ray_start_flag(&help, name.split('=').next().expect("a name"));
     }
-    assert_client_server_port_moved(&start);
+    assert_client_server_port_moved(start);
     let dashd = lines
         .iter()
         .find(|l| l[0].ends_with("/ray-dashd"))

@@ -528,6 +528,64 @@ fn open_fds() -> Option<i64> {
     i64::try_from(entries.count()).ok()
 }
 
+/// The content type of the Prometheus text format 0.0.4, which
+/// Prometheus's own client libraries answer unless asked for OpenMetrics.
+pub const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The content type of OpenMetrics text 1.0.0.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Whether an `Accept` header asks for OpenMetrics (as Prometheus does
+/// when its scrape config allows it).
+pub fn wants_openmetrics(accept: Option<&str>) -> bool {
+    accept.is_some_and(|accept| {
+        accept.split(',').any(|range| {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    == Some(0.0)
+            });
+            media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
+        })
+    })
+}
+
+/// OpenMetrics text (what [`Metrics::encode`] writes) as the text format
+/// 0.0.4: no `# EOF` nor `# UNIT` lines, and a counter's family named as
+/// its samples are (`foo_total`), as 0.0.4 parsers match them.
+pub fn to_text_004(openmetrics: &str) -> String {
+    let mut counters: Vec<&str> = Vec::new();
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = rest.strip_suffix(" counter") {
+                counters.push(name);
+            }
+        }
+    }
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# TYPE ", "# HELP "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(&name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        match renamed {
+            Some(line) => out.push_str(&line),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// A series' name and labels as the text format writes them.
 #[cfg(test)]
 fn series(name: &str, labels: &[(&str, &str)]) -> String {
@@ -601,6 +659,34 @@ mod tests {
     }
 
     /// A scrape reports each module's state and the process's own series.
+    #[test]
+    fn text_004_unless_openmetrics_is_asked_for() {
+        assert!(!wants_openmetrics(None));
+        assert!(!wants_openmetrics(Some("*/*")));
+        assert!(!wants_openmetrics(Some("text/plain;version=0.0.4")));
+        assert!(wants_openmetrics(Some(
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        )));
+        assert!(!wants_openmetrics(Some("application/openmetrics-text;q=0")));
+        let openmetrics = "# HELP ray_dashd_requests Requests.\n\
+            # TYPE ray_dashd_requests counter\n\
+            ray_dashd_requests_total{module=\"m\"} 3\n\
+            # HELP ray_dashd_latency_seconds Latency.\n\
+            # TYPE ray_dashd_latency_seconds histogram\n\
+            # UNIT ray_dashd_latency_seconds seconds\n\
+            ray_dashd_latency_seconds_count 1\n\
+            # EOF\n";
+        assert_eq!(
+            to_text_004(openmetrics),
+            "# HELP ray_dashd_requests_total Requests.\n\
+             # TYPE ray_dashd_requests_total counter\n\
+             ray_dashd_requests_total{module=\"m\"} 3\n\
+             # HELP ray_dashd_latency_seconds Latency.\n\
+             # TYPE ray_dashd_latency_seconds histogram\n\
+             ray_dashd_latency_seconds_count 1\n"
+        );
+    }
+
     #[test]
     fn a_scrape_reports_modules_and_the_process() {
         let metrics = Metrics::new();

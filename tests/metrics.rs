@@ -78,7 +78,39 @@ async fn counts_requests_by_module_kind_and_class() {
         value(&text, "ray_dashd_client_connections") >= Some(1.0),
         "{text}"
     );
-    assert!(text.ends_with("# EOF\n"), "{text}");
+    // The text format 0.0.4 by default: no OpenMetrics end marker, a
+    // counter's family named as its samples.
+    assert!(!text.contains("# EOF"), "{text}");
+    assert!(
+        text.contains("# TYPE ray_dashd_requests_total counter\n"),
+        "{text}"
+    );
+}
+
+/// `/metrics` answers the text format 0.0.4 (as Prometheus's client
+/// libraries do), and OpenMetrics to a client whose `Accept` asks for it.
+#[tokio::test]
+async fn answers_text_004_unless_openmetrics_is_asked_for() {
+    let d = dashd().start();
+    let plain = client().get(d.url("/metrics")).send().await.expect("GET");
+    assert_eq!(
+        plain.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let open = client()
+        .get(d.url("/metrics"))
+        .header(
+            "accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        )
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(
+        open.headers()["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(open.text().await.expect("text").ends_with("# EOF\n"));
 }
 
 /// A module is `up` 1 while healthy and 0 once killed (here held in its

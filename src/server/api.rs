@@ -32,7 +32,7 @@ pub(super) fn handler(route: ApiRoute) -> MethodRouter<AppState> {
 }
 
 /// The host's metrics (see [`crate::metrics`]), read now.
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+async fn metrics(State(state): State<AppState>, headers: http::HeaderMap) -> impl IntoResponse {
     let process = tokio::task::spawn_blocking(crate::metrics::ProcessReadings::read)
         .await
         .unwrap_or_default();
@@ -55,15 +55,24 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         dropped_log_lines: crate::logging::dropped_lines(),
         process,
     };
+    let openmetrics = state.supervisor.metrics().encode(&scrape);
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    // The text format 0.0.4 unless OpenMetrics is asked for, as
+    // Prometheus's own client libraries answer.
+    let (content_type, body) = if crate::metrics::wants_openmetrics(accept) {
+        (crate::metrics::OPENMETRICS, openmetrics)
+    } else {
+        (
+            crate::metrics::TEXT_004,
+            crate::metrics::to_text_004(&openmetrics),
+        )
+    };
     (
         [
             (header::CACHE_CONTROL, "no-store"),
-            (
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            ),
+            (header::CONTENT_TYPE, content_type),
         ],
-        state.supervisor.metrics().encode(&scrape),
+        body,
     )
 }
 

@@ -35,7 +35,8 @@ fn counting(secs: &str) -> Dashd {
 async fn identical_gets_at_once_reach_the_module_once() {
     let d = counting("30");
     d.healthy("tm", 0).await;
-    let answers = join_all((0..20).map(|_| get(&d, "/test/count?ms=500"))).await;
+    // The module takes a second: all 20 are in before it answers.
+    let answers = join_all((0..20).map(|_| get(&d, "/test/count?ms=1000"))).await;
     let fetched = answers
         .iter()
         .filter(|(_, how, _)| how == "fetched")
@@ -49,7 +50,7 @@ async fn identical_gets_at_once_reach_the_module_once() {
     );
     // Young: served again, the module not asked.
     assert_eq!(
-        get(&d, "/test/count?ms=500").await,
+        get(&d, "/test/count?ms=1000").await,
         (200, "hit".to_owned(), n)
     );
     // Another query is another answer.
@@ -64,17 +65,19 @@ async fn identical_gets_at_once_reach_the_module_once() {
     assert!(stats.headers().get("x-dashd-shared").is_none());
 }
 
-/// Past half its `cache_secs` an answer is still served, once, while the
-/// next is fetched behind it; no answer older than `cache_secs` is served.
+/// Past its refresh age an answer is still served while the next is
+/// fetched behind it; no answer older than `cache_secs` is served.
 #[tokio::test]
 async fn an_aging_answer_is_served_while_the_next_is_fetched() {
-    let d = counting("1");
+    // A fetch takes a second, so the answer is fetched again from 0.75 s
+    // (2 s less 1.25 times that), in before it is 2 s old: 0.25 s spare.
+    let d = counting("2");
     d.healthy("tm", 0).await;
-    let (_, how, first) = get(&d, "/test/count?ms=300").await;
+    let (_, how, first) = get(&d, "/test/count?ms=1000").await;
     assert_eq!(how, "fetched");
     let seen = Mutex::new(Vec::new());
     let newer = eventually(WAIT, || async {
-        let (status, how, n) = get(&d, "/test/count?ms=300").await;
+        let (status, how, n) = get(&d, "/test/count?ms=1000").await;
         assert_eq!(status, 200);
         seen.lock().expect("seen").push((how.clone(), n));
         (n > first).then_some((how, n))

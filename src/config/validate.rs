@@ -152,12 +152,12 @@ impl Validator<'_> {
                 cache: match raw.ray.cache_secs {
                     None => Some(DEFAULT_CACHE),
                     Some(0.0) => None,
-                    Some(secs) if secs > 0.0 && secs <= 3600.0 => {
+                    Some(secs) if (0.001..=3600.0).contains(&secs) => {
                         Some(Duration::from_secs_f64(secs))
                     }
                     Some(_) => {
                         return Err(
-                            self.invalid("ray.cache_secs", "must be 0 (off) or more, at most 3600")
+                            self.invalid("ray.cache_secs", "must be 0 (off) or from 0.001 to 3600")
                         )
                     }
                 },
@@ -237,8 +237,8 @@ impl Validator<'_> {
                 "only a GET route of type \"http\" may be cached (a write, a stream or a websocket is never shared)",
             ));
         }
-        if !(secs > 0.0 && secs <= 3600.0) {
-            return Err(self.invalid(field, "must be more than 0 and at most 3600"));
+        if !(0.001..=3600.0).contains(&secs) {
+            return Err(self.invalid(field, "must be from 0.001 to 3600"));
         }
         Ok(Some(Duration::from_secs_f64(secs)))
     }

@@ -206,6 +206,7 @@ impl SharedAnswers {
 
     /// Forgets every answer: the routes may have changed (a reload).
     pub(crate) fn clear(&self) {
+        self.writes.fetch_add(1, Ordering::SeqCst);
         self.slots().clear();
     }
 
@@ -217,6 +218,9 @@ impl SharedAnswers {
         self.writes.fetch_add(1, Ordering::SeqCst);
         for slot in self.slots().values_mut() {
             slot.answer = None;
+            // Requests from now on start a fetch of their own rather than
+            // join one begun before the write.
+            slot.fetch = None;
         }
     }
 
@@ -340,14 +344,15 @@ impl SharedAnswers {
         let writes = self.writes.load(Ordering::SeqCst);
         match fetch(module, parts, settings).await {
             Ok((answer, None)) => {
-                let response = answer.response("fetched", gzip).await;
+                // Handed on before this client's own answer is made (and
+                // maybe gzipped), which it may not wait for.
                 let outcome = if answer.shareable {
-                    Outcome::Answer(answer)
+                    Outcome::Answer(Arc::clone(&answer))
                 } else {
                     Outcome::AskYourself
                 };
                 self.publish(key, outcome, writes, &done);
-                Ok(response)
+                Ok(answer.response("fetched", gzip).await)
             }
             Ok((_, Some(streamed))) => {
                 self.publish(key, Outcome::AskYourself, writes, &done);
@@ -375,15 +380,17 @@ impl SharedAnswers {
             let unwritten = self.writes.load(Ordering::SeqCst) == writes;
             if let Outcome::Answer(answer) = &outcome {
                 if answer.keep && unwritten {
-                    if let Some(slot) = slots.get_mut(key) {
-                        slot.answer = Some(Arc::clone(answer));
-                    }
+                    slots.entry(key.clone()).or_default().answer = Some(Arc::clone(answer));
                     evict(&mut slots);
                 }
             }
             if let Some(slot) = slots.get_mut(key) {
-                slot.fetch = None;
-                if slot.answer.is_none() {
+                // The slot may hold a later fetch by now (after a write).
+                let mine = done.subscribe();
+                if slot.fetch.as_ref().is_some_and(|f| f.same_channel(&mine)) {
+                    slot.fetch = None;
+                }
+                if slot.answer.is_none() && slot.fetch.is_none() {
                     slots.remove(key);
                 }
             }
@@ -433,9 +440,21 @@ async fn fetch(
         })?;
     let mut parts = parts.clone();
     parts.method = Method::GET;
-    parts.headers.remove(header::ACCEPT_ENCODING);
-    parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.remove(header::TRANSFER_ENCODING);
+    // One identity answer, whole, for every client: none of the first
+    // client's encodings, ranges or conditions.
+    for name in [
+        header::ACCEPT_ENCODING,
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::RANGE,
+        header::IF_RANGE,
+        header::IF_MATCH,
+        header::IF_NONE_MATCH,
+        header::IF_MODIFIED_SINCE,
+        header::IF_UNMODIFIED_SINCE,
+    ] {
+        parts.headers.remove(name);
+    }
     let upstream = upstream_request(parts, Body::empty());
     let deadline = settings.http_response_timeout;
     let started = Instant::now();

@@ -124,13 +124,12 @@ async fn sample(
         // `/proc` reads (`smaps_rollup` walks a process's page tables)
         // never on the runtime's thread.
         let before = std::mem::take(&mut last);
-        let Ok((components, seen)) = tokio::task::spawn_blocking(move || {
+        let (components, seen) = tokio::task::spawn_blocking(move || {
             read_components(processes, &before, ticks_per_second)
         })
         .await
-        else {
-            return;
-        };
+        // A read that panicked: no sample this time.
+        .unwrap_or_default();
         last = seen;
         let tasks = tokio::runtime::Handle::current()
             .metrics()

@@ -187,7 +187,10 @@ impl IncarnationCgroup {
     /// memory controller is not enabled for it (no `memory.max`).
     /// Blocking: one file write.
     pub(crate) fn limit_memory(&self, bytes: u64) -> io::Result<()> {
-        fs::write(self.dir.join("memory.max"), bytes.to_string())
+        fs::write(self.dir.join("memory.max"), bytes.to_string())?;
+        // The kernel's OOM kill takes the whole module, not one helper of
+        // it while the rest runs on.
+        fs::write(self.dir.join("memory.oom.group"), b"1")
     }
 
     /// Kills every process in it, waits (within [`EMPTY_WITHIN`]) until it

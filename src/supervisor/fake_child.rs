@@ -343,6 +343,7 @@ impl Incarnation for FakeChild {
         Some(Usage {
             cpu_ticks,
             ticks_per_sec,
+            wait_ns: 0,
             stopped: self.cpu == Cpu::Stopped,
             rss_bytes,
             processes: 1,

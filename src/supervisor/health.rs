@@ -21,6 +21,10 @@ pub(crate) struct Failure {
     pub(crate) words: Option<String>,
     /// Whether the module answered (with a status other than 200).
     pub(crate) answered: bool,
+    /// Whether the check ran out of time (the request was taken, no answer
+    /// came): the one failure a busy module gives. A refused or failed
+    /// connection is not that.
+    pub(crate) timed_out: bool,
     /// When it answered 503 with `Retry-After`: it is alive and waiting for
     /// something outside itself (a port another process holds), and tries
     /// again after this long.
@@ -33,6 +37,7 @@ impl Failure {
             reason,
             words: None,
             answered: false,
+            timed_out: false,
             waiting: None,
         }
     }
@@ -80,15 +85,17 @@ pub(crate) async fn check_health(
                 reason: unhealthy(status, words.as_deref()),
                 words,
                 answered: true,
+                timed_out: false,
                 waiting,
             })
         }
     };
     match tokio::time::timeout(timeout, probe).await {
         Ok(result) => result,
-        Err(_) => Err(Failure::silent(format!(
-            "healthz did not answer within {timeout:?}"
-        ))),
+        Err(_) => Err(Failure {
+            timed_out: true,
+            ..Failure::silent(format!("healthz did not answer within {timeout:?}"))
+        }),
     }
 }
 

@@ -290,8 +290,9 @@ impl<S: Spawner> ModuleTask<S> {
                     Err(failure) => failure,
                 };
                 let reason = failure.reason;
-                // A module that answered (not 200) is not busy: it said so.
-                let miss = if failure.answered {
+                // A module that answered (not 200) is not busy: it said so;
+                // nor one that refused the connection.
+                let miss = if failure.answered || !failure.timed_out {
                     Miss::Hung
                 } else {
                     vitals.missed(share, now, sup.busy_max)

@@ -29,6 +29,10 @@ pub(crate) struct Usage {
     pub(crate) cpu_ticks: u64,
     /// The clock ticks in a second (`sysconf(_SC_CLK_TCK)`).
     pub(crate) ticks_per_sec: u64,
+    /// Nanoseconds its processes' main threads waited to run (runnable, on
+    /// a run queue), from `/proc/<pid>/schedstat`: a busy process starved
+    /// of CPU by others waits instead of running.
+    pub(crate) wait_ns: u64,
     /// Whether one of its processes is stopped (`T`, a SIGSTOP) or stopped
     /// by a tracer (`t`).
     pub(crate) stopped: bool,
@@ -40,14 +44,18 @@ pub(crate) struct Usage {
 
 impl Usage {
     /// The share of one CPU used between `earlier` and this sample, taken
-    /// `elapsed` apart; 0 when no time passed.
+    /// `elapsed` apart, the time its main threads waited to run counted as
+    /// used: a module busy computing on a crowded machine (it runs nicer
+    /// than the rest) waits for the CPU more than it gets it. 0 when no
+    /// time passed.
     pub(crate) fn cpu_share_since(&self, earlier: &Usage, elapsed: Duration) -> f64 {
         let secs = elapsed.as_secs_f64();
         if secs <= 0.0 || self.ticks_per_sec == 0 {
             return 0.0;
         }
         let ticks = self.cpu_ticks.saturating_sub(earlier.cpu_ticks);
-        ticks as f64 / self.ticks_per_sec as f64 / secs
+        let waited = self.wait_ns.saturating_sub(earlier.wait_ns);
+        (ticks as f64 / self.ticks_per_sec as f64 + waited as f64 / 1e9) / secs
     }
 }
 
@@ -69,6 +77,7 @@ pub(crate) fn sample(leader: u32) -> Option<Usage> {
         }
         usage.processes += 1;
         usage.cpu_ticks += stat.utime + stat.stime;
+        usage.wait_ns += run_queue_wait_ns(p.id.pid).unwrap_or(0);
         usage.stopped |= matches!(stat.state, 'T' | 't');
         usage.rss_bytes += proc::status_kib(p.id.pid, "VmRSS").unwrap_or(0) * 1024;
     }
@@ -101,6 +110,13 @@ fn owned_by(leader: u32) -> Vec<super::descendants::Proc> {
         .filter(|(p, owner)| !p.zombie && *owner == Some(leader))
         .map(|(p, _)| *p)
         .collect()
+}
+
+/// The time `pid`'s main thread has waited on a run queue, in ns: the
+/// second field of `/proc/<pid>/schedstat` (`None` without schedstats).
+fn run_queue_wait_ns(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    text.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// `sysconf(_SC_CLK_TCK)`: 100 on every Linux in use.
@@ -267,5 +283,13 @@ mod tests {
         // A process that ended takes its ticks with it: never negative.
         assert_eq!(at(10).cpu_share_since(&at(50), second), 0.0);
         assert_eq!(at(150).cpu_share_since(&at(50), Duration::ZERO), 0.0);
+        // Starved: 5 ticks run, 400 ms waited to run, in a second.
+        let waited = |ticks, wait_ns| Usage {
+            wait_ns,
+            ..at(ticks)
+        };
+        let share = waited(55, 400_000_000).cpu_share_since(&waited(50, 0), second);
+        assert!((share - 0.45).abs() < 1e-9, "{share}");
+        assert!(run_queue_wait_ns(std::process::id()).is_some());
     }
 }

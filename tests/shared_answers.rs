@@ -168,3 +168,32 @@ async fn a_large_answer_is_gzipped_for_clients_that_accept_it() {
         assert_eq!(unpacked, plain);
     }
 }
+
+/// A `GET` after a write does not join a fetch begun before the write:
+/// it fetches for itself, and sees what the write changed.
+#[tokio::test]
+async fn a_get_after_a_write_does_not_join_an_older_fetch() {
+    let d = counting("30");
+    d.healthy("tm", 0).await;
+    let before = tokio::spawn({
+        let d_url = d.url("/test/count?ms=1500");
+        async move {
+            let response = client().get(d_url).send().await.expect("GET");
+            let body: Value = response.json().await.expect("json");
+            body["n"].as_u64().expect("n")
+        }
+    });
+    // The first fetch is under way at the module.
+    d.wait_in_flight(1).await;
+    let wrote = client()
+        .post(d.url("/test/echo"))
+        .body("x")
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(wrote.status(), 200);
+    let (_, how, after) = get(&d, "/test/count?ms=1500").await;
+    let before = before.await.expect("task");
+    assert_eq!(how, "fetched");
+    assert_eq!(after, before + 1);
+}

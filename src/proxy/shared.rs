@@ -45,6 +45,7 @@ use http_body_util::BodyExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::headers::tokens;
 use super::{send, upstream_request};
 use crate::config::ServerSettings;
 use crate::error::ProxyError;
@@ -537,22 +538,17 @@ const MIN_GZIP_BYTES: usize = 1024;
 /// Whether `headers` accept gzip (`Accept-Encoding: gzip` or `*`, with a
 /// quality above 0; RFC 9110 §12.5.3).
 fn accepts_gzip(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|coding| {
-            let mut parts = coding.split(';');
-            let name = parts.next().unwrap_or("").trim();
-            let zero = parts.any(|p| {
-                p.trim()
-                    .strip_prefix("q=")
-                    .and_then(|q| q.trim().parse::<f32>().ok())
-                    == Some(0.0)
-            });
-            (name.eq_ignore_ascii_case("gzip") || name == "*") && !zero
-        })
+    tokens(headers, header::ACCEPT_ENCODING).any(|coding| {
+        let mut parts = coding.split(';');
+        let name = parts.next().unwrap_or("").trim();
+        let zero = parts.any(|p| {
+            p.trim()
+                .strip_prefix("q=")
+                .and_then(|q| q.trim().parse::<f32>().ok())
+                == Some(0.0)
+        });
+        (name.eq_ignore_ascii_case("gzip") || name == "*") && !zero
+    })
 }
 
 /// Whether an answer is worth gzipping: a 200 of text or JSON, not
@@ -591,21 +587,12 @@ fn may_share(headers: &HeaderMap) -> bool {
     if headers.contains_key(header::SET_COOKIE) {
         return false;
     }
-    let private = headers
-        .get_all(header::CACHE_CONTROL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|d| {
-            let d = d.trim().to_ascii_lowercase();
-            d == "private" || d == "no-store" || d.starts_with("private=")
-        });
-    let varies = headers
-        .get_all(header::VARY)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|name| !name.trim().eq_ignore_ascii_case("accept-encoding"));
+    let private = tokens(headers, header::CACHE_CONTROL).any(|d| {
+        let d = d.to_ascii_lowercase();
+        d == "private" || d == "no-store" || d.starts_with("private=")
+    });
+    let varies =
+        tokens(headers, header::VARY).any(|name| !name.eq_ignore_ascii_case("accept-encoding"));
     !private && !varies
 }
 

@@ -114,6 +114,17 @@ pub(crate) async fn open(target: &Target) -> anyhow::Result<Sender> {
 /// answers 500 to a request without one).
 pub(crate) const USER_AGENT: &str = concat!("ray-dashd-bench/", env!("CARGO_PKG_VERSION"));
 
+/// Whether a response's headers leave its connection open (no
+/// `Connection: close`).
+pub(crate) fn keeps_alive(headers: &http::HeaderMap) -> bool {
+    !headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("close"))
+}
+
 /// A GET of `path` (with query) for `target`.
 pub(crate) fn get(target: &Target, path: &str) -> anyhow::Result<Request<Empty<Bytes>>> {
     Request::get(path)
@@ -146,13 +157,7 @@ pub(crate) async fn get_drained(
         .await
         .context("request failed")?;
     let status = response.status();
-    let keep_alive = !response
-        .headers()
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("close"));
+    let keep_alive = keeps_alive(response.headers());
     let mut body = response.into_body();
     let mut bytes = 0u64;
     while let Some(frame) = body.frame().await {

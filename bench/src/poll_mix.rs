@@ -193,13 +193,7 @@ async fn exchange(
         }
     };
     let status = response.status();
-    let keep_alive = !response
-        .headers()
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("close"));
+    let keep_alive = crate::net::keeps_alive(response.headers());
     let encoded = response.headers().contains_key(header::CONTENT_ENCODING);
     let mut body = response.into_body();
     let mut bytes = 0u64;

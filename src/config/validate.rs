@@ -22,6 +22,10 @@ use crate::error::ConfigError;
 use crate::routes::host::HOST_PATHS;
 use crate::routes::{normalize_pattern, Lookup, RouteKind, RouteSpec, RouteTable};
 
+/// What a `cache_secs` may be, a route's or `[ray]`'s (which 0 turns off):
+/// under a millisecond would print as 0 in the effective config.
+const CACHE_SECS: std::ops::RangeInclusive<f64> = 0.001..=3600.0;
+
 pub(super) struct Validator<'a> {
     pub(super) origin: &'a str,
 }
@@ -143,18 +147,12 @@ impl Validator<'_> {
                     after => after,
                 },
                 launch: raw.ray.launch.unwrap_or_default(),
-                memory_budget: match raw.ray.memory_budget_mib {
-                    Some(0) => {
-                        return Err(self.invalid("ray.memory_budget_mib", "must be at least 1"))
-                    }
-                    mib => mib.map(|mib| mib.saturating_mul(1024 * 1024)),
-                },
+                memory_budget: self
+                    .memory_budget("ray.memory_budget_mib", raw.ray.memory_budget_mib)?,
                 cache: match raw.ray.cache_secs {
                     None => Some(DEFAULT_CACHE),
                     Some(0.0) => None,
-                    Some(secs) if (0.001..=3600.0).contains(&secs) => {
-                        Some(Duration::from_secs_f64(secs))
-                    }
+                    Some(secs) if CACHE_SECS.contains(&secs) => Some(Duration::from_secs_f64(secs)),
                     Some(_) => {
                         return Err(
                             self.invalid("ray.cache_secs", "must be 0 (off) or from 0.001 to 3600")
@@ -237,10 +235,18 @@ impl Validator<'_> {
                 "only a GET route of type \"http\" may be cached (a write, a stream or a websocket is never shared)",
             ));
         }
-        if !(0.001..=3600.0).contains(&secs) {
+        if !CACHE_SECS.contains(&secs) {
             return Err(self.invalid(field, "must be from 0.001 to 3600"));
         }
         Ok(Some(Duration::from_secs_f64(secs)))
+    }
+
+    /// A `memory_budget_mib` in bytes: at least 1 MiB when set.
+    fn memory_budget(&self, field: &str, mib: Option<u64>) -> Result<Option<u64>, ConfigError> {
+        match mib {
+            Some(0) => Err(self.invalid(field, "must be at least 1")),
+            mib => Ok(mib.map(|mib| mib.saturating_mul(1024 * 1024))),
+        }
     }
 
     /// Validates `raw` modules, which come after `existing` ones.
@@ -490,11 +496,9 @@ impl Validator<'_> {
             max_connections: raw.max_connections.unwrap_or(base.max_connections),
             max_queued_requests: raw.max_queued_requests.unwrap_or(base.max_queued_requests),
             busy_max: self.secs(&f("busy_max_secs"), raw.busy_max_secs, base.busy_max)?,
-            memory_budget: match raw.memory_budget_mib {
-                Some(0) => return Err(self.invalid(f("memory_budget_mib"), "must be at least 1")),
-                Some(mib) => Some(mib.saturating_mul(1024 * 1024)),
-                None => base.memory_budget,
-            },
+            memory_budget: self
+                .memory_budget(&f("memory_budget_mib"), raw.memory_budget_mib)?
+                .or(base.memory_budget),
             nice: match raw.nice {
                 Some(n) if !(0..=19).contains(&n) => {
                     return Err(self.invalid(f("nice"), "must be from 0 to 19"))

@@ -158,12 +158,17 @@ pub struct Supervision {
     pub stable_after: Duration,
     /// Time between SIGTERM and SIGKILL when the module is stopped.
     pub stop_grace: Duration,
-    /// Most connections open to one incarnation at once (idle ones, and
-    /// those a stream or websocket holds, included); at least 1.
+    /// Most connections open to one incarnation at once for `http`
+    /// exchanges (idle ones included), and for streams and websockets
+    /// until their answer has started; at least 1.
     pub max_connections: usize,
     /// Most requests waiting for a connection when all are in use; more
     /// get 503. 0: none wait.
     pub max_queued_requests: usize,
+    /// Most streams and websockets open to one incarnation at once, once
+    /// answered (they no longer count under `max_connections`); more get
+    /// 503 at once. At least 1.
+    pub max_long_lived: usize,
     /// How long a module may miss its health checks while it is *busy*
     /// (its processes use CPU, none is stopped) before it counts as hung.
     /// A busy module's missed checks are not failures until then.
@@ -184,6 +189,16 @@ pub struct Supervision {
 /// sets, so the host alone can never fill a module's backlog, where a
 /// connect fails at once with EAGAIN.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 100;
+
+/// Streams and websockets per module when the config names no number.
+/// They do not count under `max_connections` once answered (a followed
+/// log or a websocket sits idle for hours; counting it there let 100 of
+/// them starve every other request), so this is a separate cap on what
+/// they hold: descriptors in the host and the module, and the module's
+/// memory. Generous: a thousand browser tabs each following a log, with
+/// room to spare; bounded, so a script opening websockets in a loop runs
+/// into a 503 rather than the host's open-file limit.
+pub const DEFAULT_MAX_LONG_LIVED: usize = 2048;
 
 /// How long a busy module (using CPU, not answering its health checks) is
 /// given by default before it counts as hung: Ray's modules on a big
@@ -219,6 +234,7 @@ impl Supervision {
         ConnectionLimits {
             max_connections: self.max_connections,
             max_queued: self.max_queued_requests,
+            max_long_lived: self.max_long_lived,
         }
     }
 }
@@ -231,6 +247,8 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// Most requests waiting for a connection.
     pub max_queued: usize,
+    /// Most streams and websockets open at once.
+    pub max_long_lived: usize,
 }
 
 impl Default for Supervision {
@@ -246,6 +264,7 @@ impl Default for Supervision {
             stop_grace: Duration::from_secs(2),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
+            max_long_lived: DEFAULT_MAX_LONG_LIVED,
             busy_max: DEFAULT_BUSY_MAX,
             memory_budget: None,
             nice: DEFAULT_NICE,

@@ -12,4 +12,4 @@ mod pool;
 pub(crate) use module_stream::ModuleStream;
 pub use peer::PeerCheck;
 pub use pool::{ConnectionStats, ModulePool};
-pub(crate) use pool::{PoolError, PooledBody};
+pub(crate) use pool::{Hold, PoolError, PooledBody};

@@ -110,28 +110,34 @@ fn nr_open() -> Option<u64> {
 }
 
 /// The client connections a soft limit of `limit` descriptors leaves room
-/// for, with modules whose pools hold at most `pools` connections each:
-/// the largest `c` with
+/// for, with modules whose pools hold at most `pools` connections each,
+/// and that may hold `long_lived` streams and websockets in all: the
+/// largest `c` with
 ///
 /// ```text
 /// HOST_RESERVE + OVERFLOW_CONNECTIONS + PER_MODULE_RESERVE × modules
-///   + c + Σ min(pool, c)  ≤  limit
+///   + c + Σ min(pool, c) + min(long_lived, c)  ≤  limit
 /// ```
 ///
 /// A client connection carries one request at a time, so it holds at most
 /// one module connection; but a pool keeps connections open after the
 /// burst that opened them, so over time every module may hold as many as
 /// there were clients, up to its own cap: hence `min(pool, c)` per module.
-/// Never less than [`MIN_MAX_CONNECTIONS`].
-pub fn max_connections_for(limit: u64, pools: &[usize]) -> usize {
+/// A stream or a websocket holds a module connection outside the pools,
+/// for as long as its client's connection stays open: at most one per
+/// client. Never less than [`MIN_MAX_CONNECTIONS`].
+pub fn max_connections_for(limit: u64, pools: &[usize], long_lived: usize) -> usize {
     let reserve = HOST_RESERVE
         + OVERFLOW_CONNECTIONS as u64
         + PER_MODULE_RESERVE.saturating_mul(pools.len() as u64);
     let room = limit.saturating_sub(reserve);
+    let long_lived = long_lived as u64;
     let needs = |c: u64| -> u64 {
         pools
             .iter()
-            .fold(c, |sum, &pool| sum.saturating_add((pool as u64).min(c)))
+            .fold(c.saturating_add(long_lived.min(c)), |sum, &pool| {
+                sum.saturating_add((pool as u64).min(c))
+            })
     };
     // `needs` grows with `c`: the largest `c` that fits, by bisection.
     let (mut fits, mut too_many) = (0u64, room.saturating_add(1));
@@ -222,26 +228,34 @@ mod tests {
     #[test]
     fn clients_get_what_the_reserve_and_the_pools_leave() {
         // No module: everything but the host's reserve and the overflow.
-        assert_eq!(max_connections_for(256, &[]), 256 - 64 - 32);
+        assert_eq!(max_connections_for(256, &[], 0), 256 - 64 - 32);
         // One module of 100: c + min(100, c) ≤ 256 - 100.
-        assert_eq!(max_connections_for(256, &[100]), 78);
+        assert_eq!(max_connections_for(256, &[100], 0), 78);
+        // ... and each client may hold a websocket too.
+        assert_eq!(max_connections_for(256, &[100], 2048), 52);
         // Ray's fifteen modules at 1,024: each could hold as many as there
-        // are clients.
+        // are clients, and each client a websocket.
         let ray = [100; 15];
-        let c = max_connections_for(1024, &ray);
-        assert_eq!(c, (1024 - 64 - 32 - 60) / 16);
-        // Large limits: the pools are full and the rest is the clients'.
+        let c = max_connections_for(1024, &ray, 15 * 2048);
+        assert_eq!(c, (1024 - 64 - 32 - 60) / 17);
+        // Large limits: the pools and the streams are full and the rest is
+        // the clients'.
         assert_eq!(
-            max_connections_for(1 << 20, &ray),
-            (1 << 20) - 64 - 32 - 60 - 1500
+            max_connections_for(1 << 20, &ray, 15 * 2048),
+            (1 << 20) - 64 - 32 - 60 - 1500 - 15 * 2048
+        );
+        // 20,000: half for clients, half for their websockets.
+        assert_eq!(
+            max_connections_for(20_000, &ray, 15 * 2048),
+            (20_000 - 64 - 32 - 60 - 1500) / 2
         );
     }
 
     #[test]
     fn the_cap_never_goes_below_its_floor() {
-        assert_eq!(max_connections_for(0, &[]), MIN_MAX_CONNECTIONS);
-        assert_eq!(max_connections_for(100, &[100; 3]), MIN_MAX_CONNECTIONS);
+        assert_eq!(max_connections_for(0, &[], 0), MIN_MAX_CONNECTIONS);
+        assert_eq!(max_connections_for(100, &[100; 3], 0), MIN_MAX_CONNECTIONS);
         // No overflow at the other end.
-        assert!(max_connections_for(u64::MAX, &[usize::MAX]) > 1 << 62);
+        assert!(max_connections_for(u64::MAX, &[usize::MAX], usize::MAX) > 1 << 61);
     }
 }

@@ -157,6 +157,14 @@ pub enum ProxyError {
         /// Its connections in use (its `max_connections`).
         connections: usize,
     },
+    /// As many streams and websockets as the module may hold are open.
+    #[error("module {module} has all {limit} streams and websockets it allows open (max_long_lived_connections); try again when one closes")]
+    LongLivedFull {
+        /// The module's name.
+        module: String,
+        /// Its `max_long_lived_connections`.
+        limit: usize,
+    },
     /// The module did not start its response in time.
     #[error("module {module} did not answer within {after:?}")]
     Timeout {
@@ -194,9 +202,9 @@ impl ProxyError {
         match self {
             ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
             ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::NotReady { .. } | ProxyError::Busy { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ProxyError::NotReady { .. }
+            | ProxyError::Busy { .. }
+            | ProxyError::LongLivedFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } | ProxyError::NoConnection { .. } => {
                 StatusCode::GATEWAY_TIMEOUT
@@ -216,6 +224,7 @@ impl ProxyError {
             ProxyError::Upstream { .. }
                 | ProxyError::Timeout { .. }
                 | ProxyError::Busy { .. }
+                | ProxyError::LongLivedFull { .. }
                 | ProxyError::NoConnection { .. }
         )
     }
@@ -224,6 +233,7 @@ impl ProxyError {
         match self {
             ProxyError::NotReady { module, .. }
             | ProxyError::Busy { module, .. }
+            | ProxyError::LongLivedFull { module, .. }
             | ProxyError::NoConnection { module, .. }
             | ProxyError::Upstream { module, .. }
             | ProxyError::Timeout { module, .. } => Some(module),
@@ -244,7 +254,7 @@ impl IntoResponse for ProxyError {
         let headers = response.headers_mut();
         let retry_after = match &self {
             ProxyError::NotReady { retry_after, .. } => Some(*retry_after),
-            ProxyError::Busy { .. } => Some(BUSY_RETRY_AFTER),
+            ProxyError::Busy { .. } | ProxyError::LongLivedFull { .. } => Some(BUSY_RETRY_AFTER),
             _ => None,
         };
         if let Some(retry_after) = retry_after {

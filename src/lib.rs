@@ -103,7 +103,10 @@ fn max_connections(config: &Config, nofile: u64) -> usize {
         .iter()
         .map(|m| m.supervision.max_connections)
         .collect();
-    let fits = descriptors::max_connections_for(nofile, &pools);
+    let long_lived = config.modules.iter().fold(0usize, |sum, m| {
+        sum.saturating_add(m.supervision.max_long_lived)
+    });
+    let fits = descriptors::max_connections_for(nofile, &pools, long_lived);
     match config.server.max_connections {
         Some(set) if set > fits => {
             warn!(

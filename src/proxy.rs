@@ -20,7 +20,7 @@ use http::{header, HeaderValue, Method, Request, Uri, Version};
 use http_body_util::{LengthLimitError, Limited};
 
 use crate::config::ServerSettings;
-use crate::connection::{PoolError, PooledBody};
+use crate::connection::{Hold, PoolError, PooledBody};
 use crate::error::{error_chain, ProxyError};
 use crate::metrics::OpenGuard;
 use crate::routes::{Lookup, RouteKind, RouteTable};
@@ -223,11 +223,11 @@ impl Proxy {
             usize::try_from(limit).unwrap_or(usize::MAX),
         ));
         let upstream = upstream_request(parts, body);
-        let deadline = match kind {
-            RouteKind::Http => Some(self.settings.http_response_timeout),
-            RouteKind::Stream | RouteKind::Websocket => None,
+        let (deadline, hold) = match kind {
+            RouteKind::Http => (Some(self.settings.http_response_timeout), Hold::Exchange),
+            RouteKind::Stream | RouteKind::Websocket => (None, Hold::LongLived),
         };
-        let response = send(module, &gate, upstream, deadline, &self.settings).await?;
+        let response = send(module, &gate, upstream, deadline, hold, &self.settings).await?;
         let open = (kind == RouteKind::Stream).then(|| module.metrics().stream_open());
         Ok(downstream_response(module, &gate, response, open))
     }
@@ -295,7 +295,8 @@ fn downstream_response(
 }
 
 /// Sends `request` and waits for the response head, bounded by `deadline`
-/// and by the incarnation's health. The wait for a free connection counts
+/// and by the incarnation's health; `hold` says for how long the answer
+/// keeps its connection. The wait for a free connection counts
 /// within `deadline`; a request without one (a stream) may wait for a
 /// connection as long as an `http` route's answer. The 413 for a body over
 /// the limit names `settings.max_request_body_bytes`, the limit it was
@@ -305,6 +306,7 @@ async fn send(
     gate: &Gate,
     request: Request<Body>,
     deadline: Option<Duration>,
+    hold: Hold,
     settings: &ServerSettings,
 ) -> Result<http::Response<PooledBody>, ProxyError> {
     let name = module.name();
@@ -312,7 +314,7 @@ async fn send(
     let queue_wait = deadline.unwrap_or(settings.http_response_timeout);
     // The queue's deadline and the answer's are the same instant, so a
     // request that waited its whole deadline for a connection is told so.
-    let exchange = gate.client.send(request, started + queue_wait);
+    let exchange = gate.client.send(request, started + queue_wait, hold);
     let bounded = async {
         match deadline {
             Some(after) => tokio::time::timeout_at(started + after, exchange)
@@ -345,6 +347,10 @@ async fn send(
             module: name.to_owned(),
             after: queue_wait,
             connections,
+        }),
+        Ok(Err(PoolError::LongLivedFull { limit })) => Err(ProxyError::LongLivedFull {
+            module: name.to_owned(),
+            limit,
         }),
         Ok(Err(e)) if cause::<LengthLimitError>(&e).is_some() => Err(ProxyError::BodyTooLarge {
             limit: settings.max_request_body_bytes,

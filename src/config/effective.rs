@@ -121,6 +121,7 @@ fn supervision(s: &Supervision, base: Option<&Supervision>) -> RawSupervision {
         stop_grace_secs: differs(|s| s.stop_grace),
         max_connections: differs_n(|s| s.max_connections),
         max_queued_requests: differs_n(|s| s.max_queued_requests),
+        max_long_lived_connections: differs_n(|s| s.max_long_lived),
         busy_max_secs: differs(|s| s.busy_max),
         nice: base.is_none_or(|b| b.nice != s.nice).then_some(s.nice),
         memory_budget_mib: base

@@ -126,6 +126,8 @@ pub(super) struct RawSupervision {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) max_queued_requests: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) max_long_lived_connections: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) busy_max_secs: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) memory_budget_mib: Option<u64>,
@@ -230,6 +232,9 @@ impl RawSupervision {
             stop_grace_secs: over.stop_grace_secs.or(self.stop_grace_secs),
             max_connections: over.max_connections.or(self.max_connections),
             max_queued_requests: over.max_queued_requests.or(self.max_queued_requests),
+            max_long_lived_connections: over
+                .max_long_lived_connections
+                .or(self.max_long_lived_connections),
             busy_max_secs: over.busy_max_secs.or(self.busy_max_secs),
             memory_budget_mib: over.memory_budget_mib.or(self.memory_budget_mib),
             nice: over.nice.or(self.nice),

@@ -430,23 +430,31 @@ fn connection_limits_default_and_are_overridden_per_module() {
     let limits = c.modules[0].supervision.connection_limits();
     assert_eq!(limits.max_connections, DEFAULT_MAX_CONNECTIONS);
     assert_eq!(limits.max_queued, DEFAULT_MAX_QUEUED_REQUESTS);
+    assert_eq!(limits.max_long_lived, DEFAULT_MAX_LONG_LIVED);
     let text = r#"
 [module_defaults]
 max_connections = 10
 max_queued_requests = 0
+max_long_lived_connections = 7
 [[modules]]
 name = "a"
 command = ["x"]
 [[modules]]
 name = "b"
 command = ["x"]
-supervision = { max_connections = 2 }
+supervision = { max_connections = 2, max_long_lived_connections = 3 }
 "#;
     let c = load(text).expect("valid");
     let a = c.modules[0].supervision.connection_limits();
     let b = c.modules[1].supervision.connection_limits();
-    assert_eq!((a.max_connections, a.max_queued), (10, 0));
-    assert_eq!((b.max_connections, b.max_queued), (2, 0));
+    assert_eq!(
+        (a.max_connections, a.max_queued, a.max_long_lived),
+        (10, 0, 7)
+    );
+    assert_eq!(
+        (b.max_connections, b.max_queued, b.max_long_lived),
+        (2, 0, 3)
+    );
 }
 
 #[test]
@@ -466,6 +474,13 @@ fn bad_connection_limits_name_file_field_and_problem() {
     assert_eq!(
         msg,
         "config test.toml: modules[0].supervision.max_connections: must be at least 1"
+    );
+    let msg = load("[module_defaults]\nmax_long_lived_connections = 0\n")
+        .expect_err("zero")
+        .to_string();
+    assert_eq!(
+        msg,
+        "config test.toml: module_defaults.max_long_lived_connections: must be at least 1"
     );
     let msg = load("[module_defaults]\nmax_queued_requests = -1\n")
         .expect_err("negative")

@@ -495,6 +495,9 @@ impl Validator<'_> {
             stop_grace: self.secs(&f("stop_grace_secs"), raw.stop_grace_secs, base.stop_grace)?,
             max_connections: raw.max_connections.unwrap_or(base.max_connections),
             max_queued_requests: raw.max_queued_requests.unwrap_or(base.max_queued_requests),
+            max_long_lived: raw
+                .max_long_lived_connections
+                .unwrap_or(base.max_long_lived),
             busy_max: self.secs(&f("busy_max_secs"), raw.busy_max_secs, base.busy_max)?,
             memory_budget: self
                 .memory_budget(&f("memory_budget_mib"), raw.memory_budget_mib)?
@@ -528,6 +531,9 @@ impl Validator<'_> {
         // deadline.
         if s.max_connections == 0 {
             return Err(self.invalid(f("max_connections"), "must be at least 1"));
+        }
+        if s.max_long_lived == 0 {
+            return Err(self.invalid(f("max_long_lived_connections"), "must be at least 1"));
         }
         if s.backoff_max < s.backoff_initial {
             return Err(self.invalid(

@@ -26,23 +26,35 @@
 //! A connect to a Unix socket whose listen backlog is full fails at once
 //! with EAGAIN (there is no SYN to resend, as TCP has), and aiohttp listens
 //! with a backlog of 128: with a connection per concurrent request, a burst
-//! of a few hundred had some answered 502. So each open connection holds a
-//! [`Slot`], one of `max_connections`, from before its connect until its
-//! socket is closed: while idle, while in use, while a websocket or an
-//! upload that outlived its answer holds it. A request that finds no idle
-//! connection and no free slot waits in a FIFO queue (at most `max_queued`
-//! long; beyond, [`PoolError::Busy`]) until its deadline
-//! ([`PoolError::Waited`]). A connection given back goes straight to the
-//! oldest waiter, and a slot let go too, so the idle stack holds anything
-//! only while nobody waits. The idle stack, the count and the queue share
-//! the one lock the idle stack always had: taking an idle connection and
-//! giving it back costs what it did before the cap, one short lock each.
-//! Health probes never wait: see [`ModulePool::probe`].
+//! of a few hundred had some answered 502. So each connection holds a
+//! [`Slot`], one of `max_connections`, from before its connect: an `http`
+//! exchange's until its socket is closed (while idle too), a stream's or a
+//! websocket's until its answer has started, which proves the module took
+//! it off its backlog. A request that finds no idle connection and no free
+//! slot waits in a FIFO queue (at most `max_queued` long; beyond,
+//! [`PoolError::Busy`]) until its deadline ([`PoolError::Waited`]). A
+//! connection given back goes straight to the oldest waiter, and a slot
+//! let go too, so the idle stack holds anything only while nobody waits.
+//! The idle stack, the count and the queue share the one lock the idle
+//! stack always had: taking an idle connection and giving it back costs
+//! what it did before the cap, one short lock each. Health probes never
+//! wait: see [`ModulePool::probe`].
+//!
+//! # Long-lived exchanges
+//!
+//! A stream or a websocket may stay open for hours, so once answered it
+//! gives its slot back (counting it there let 100 followed logs starve
+//! every other request) and holds a [`LongLived`] ticket instead, one of
+//! `max_long_lived`, until it ends; its connection is never reused. With
+//! every ticket taken the next one is refused at once
+//! ([`PoolError::LongLivedFull`]), never queued: a ticket comes free only
+//! when someone closes a tab.
 
 use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -105,6 +117,23 @@ pub(crate) enum PoolError {
         /// Connections open (the cap).
         connections: usize,
     },
+    /// As many streams and websockets as may be are open already.
+    #[error("all {limit} streams and websockets allowed are open")]
+    LongLivedFull {
+        /// The cap: `max_long_lived_connections`.
+        limit: usize,
+    },
+}
+
+/// What an exchange holds its connection for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// One request and its answer; the connection is reused after.
+    Exchange,
+    /// A stream or a websocket, open for as long as the client keeps it:
+    /// counted under `max_long_lived`, not `max_connections`, once
+    /// answered; its connection is not reused.
+    LongLived,
 }
 
 /// A pool's numbers now, for `/api/modules`.
@@ -120,6 +149,10 @@ pub struct ConnectionStats {
     pub queued: usize,
     /// Most requests that may wait: `max_queued_requests`.
     pub max_queued: usize,
+    /// Streams and websockets open.
+    pub long_lived: usize,
+    /// Most that may be: `max_long_lived_connections`.
+    pub max_long_lived: usize,
 }
 
 impl ConnectionStats {
@@ -131,6 +164,8 @@ impl ConnectionStats {
             idle: 0,
             queued: 0,
             max_queued: limits.max_queued,
+            long_lived: 0,
+            max_long_lived: limits.max_long_lived,
         }
     }
 }
@@ -149,6 +184,8 @@ struct Inner {
     /// started (see [`PeerCheck`]).
     peer: Option<PeerCheck>,
     state: Mutex<State>,
+    /// [`LongLived`] tickets held.
+    long_lived: AtomicUsize,
 }
 
 /// What the pool's lock guards. No [`Conn`] or [`Slot`] may be dropped
@@ -184,29 +221,64 @@ impl Inner {
         }
         match grant {
             Grant::Conn(conn) => state.idle.push(conn),
-            Grant::Slot(mut slot) => {
+            Grant::Slot(slot) => {
                 debug_assert!(state.open > 0, "a slot was let go twice");
                 state.open = state.open.saturating_sub(1);
                 // Counted off just above: its drop must not hand it on again.
-                slot.pool = Weak::new();
+                slot.forget();
             }
         }
     }
 }
 
 /// The right to one of the pool's `max_connections` connections, held by
-/// whatever keeps that connection's socket open; dropped, it goes to the
-/// oldest waiting request or back to the count.
+/// whatever keeps that connection's socket open (or, for a long-lived
+/// exchange, until it is answered); let go, it goes to the oldest waiting
+/// request or back to the count.
 #[derive(Debug)]
 pub(crate) struct Slot {
-    pool: Weak<Inner>,
+    /// Empty once let go.
+    pool: Mutex<Weak<Inner>>,
+}
+
+impl Slot {
+    fn new(pool: Weak<Inner>) -> Slot {
+        Slot {
+            pool: Mutex::new(pool),
+        }
+    }
+
+    /// Gives the slot back now, though whatever holds it lives on; once.
+    fn let_go(&self) {
+        let pool = std::mem::take(&mut *self.pool.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some(inner) = pool.upgrade() {
+            inner.hand_on(Grant::Slot(Slot::new(pool)));
+        }
+    }
+
+    /// Counted off already: dropping it does nothing.
+    fn forget(self) {
+        *self.pool.lock().unwrap_or_else(|e| e.into_inner()) = Weak::new();
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let pool = std::mem::take(&mut self.pool);
-        if let Some(inner) = pool.upgrade() {
-            inner.hand_on(Grant::Slot(Slot { pool }));
+        self.let_go();
+    }
+}
+
+/// The right of a stream or a websocket to stay open, one of the pool's
+/// `max_long_lived`; counted off when dropped.
+#[derive(Debug)]
+pub(crate) struct LongLived {
+    pool: Weak<Inner>,
+}
+
+impl Drop for LongLived {
+    fn drop(&mut self) {
+        if let Some(inner) = self.pool.upgrade() {
+            inner.long_lived.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -270,6 +342,7 @@ impl ModulePool {
                 limits,
                 peer,
                 state: Mutex::new(State::default()),
+                long_lived: AtomicUsize::new(0),
             }),
         }
     }
@@ -278,13 +351,19 @@ impl ModulePool {
     /// one; with all `max_connections` in use, it waits its turn until
     /// `until`. A request that an idle connection could not take because
     /// the module had closed it is sent again on another; nothing is sent
-    /// twice.
+    /// twice. A [`Hold::LongLived`] exchange needs a free ticket first, and
+    /// is refused at once without one.
     pub(crate) async fn send(
         &self,
         request: Request<Body>,
         until: Instant,
+        hold: Hold,
     ) -> Result<Response<PooledBody>, PoolError> {
-        self.exchange(request, Some(until)).await
+        let ticket = match hold {
+            Hold::Exchange => None,
+            Hold::LongLived => Some(self.long_lived()?),
+        };
+        self.exchange(request, Some(until), ticket).await
     }
 
     /// Sends a health probe: as [`ModulePool::send`], but never waiting for
@@ -296,13 +375,28 @@ impl ModulePool {
         &self,
         request: Request<Body>,
     ) -> Result<Response<PooledBody>, PoolError> {
-        self.exchange(request, None).await
+        self.exchange(request, None, None).await
+    }
+
+    /// One of the `max_long_lived` tickets, if any is free.
+    fn long_lived(&self) -> Result<LongLived, PoolError> {
+        let limit = self.inner.limits.max_long_lived;
+        self.inner
+            .long_lived
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held < limit).then_some(held + 1)
+            })
+            .map_err(|_| PoolError::LongLivedFull { limit })?;
+        Ok(LongLived {
+            pool: Arc::downgrade(&self.inner),
+        })
     }
 
     async fn exchange(
         &self,
         mut request: Request<Body>,
         until: Option<Instant>,
+        ticket: Option<LongLived>,
     ) -> Result<Response<PooledBody>, PoolError> {
         loop {
             let (mut conn, reused, kept) = match self.lease(until).await? {
@@ -318,7 +412,7 @@ impl ModulePool {
                 Lease::Extra => (self.connect(None).await?, false, false),
             };
             match conn.sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.attach(response, conn, kept)),
+                Ok(response) => return Ok(self.attach(response, conn, kept, ticket)),
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if reused => request = unsent,
                     _ => return Err(PoolError::Http(e.into_error())),
@@ -340,8 +434,7 @@ impl ModulePool {
                 }
                 if state.open < limits.max_connections {
                     state.open += 1;
-                    let pool = Arc::downgrade(&self.inner);
-                    return Ok(Lease::Open(Slot { pool }));
+                    return Ok(Lease::Open(Slot::new(Arc::downgrade(&self.inner))));
                 }
                 let Some(until) = until else {
                     return Ok(Lease::Extra);
@@ -418,6 +511,8 @@ impl ModulePool {
             idle: state.idle.len(),
             queued: state.queue.iter().filter(|w| !w.is_closed()).count(),
             max_queued: limits.max_queued,
+            long_lived: self.inner.long_lived.load(Ordering::Acquire),
+            max_long_lived: limits.max_long_lived,
         }
     }
 
@@ -485,22 +580,25 @@ impl ModulePool {
 
     /// Ties `conn` to `response`'s body: it returns to the pool (when
     /// `kept`) when the body ends, and is closed if the body is dropped
-    /// before.
+    /// before. A long-lived exchange (with its `ticket`) gives its slot
+    /// back now, and its connection is not reused.
     fn attach(
         &self,
         response: Response<Incoming>,
         mut conn: Conn,
         kept: bool,
+        ticket: Option<LongLived>,
     ) -> Response<PooledBody> {
-        let (conn, upgrade_slot) = if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            // The connection now belongs to the upgrade, which hyper
-            // completes in the connection's task. The upgraded socket is
-            // the same connection, so whoever takes it takes the slot too
-            // (a websocket counts until it closes).
-            (None, conn.slot.take())
-        } else {
-            (Some(conn), None)
-        };
+        let kept = kept && ticket.is_none();
+        if ticket.is_some() {
+            if let Some(slot) = conn.slot.take() {
+                // Answered: the module took the connection off its backlog.
+                slot.let_go();
+            }
+        }
+        // After a 101 the connection belongs to the upgrade, which hyper
+        // completes in the connection's task.
+        let conn = (response.status() != StatusCode::SWITCHING_PROTOCOLS).then_some(conn);
         let pool = if kept {
             Arc::downgrade(&self.inner)
         } else {
@@ -510,7 +608,7 @@ impl ModulePool {
             inner,
             conn,
             pool,
-            upgrade_slot,
+            ticket,
         });
         if response.body().inner.is_end_stream() {
             // Nothing more to read: the connection can go back now, once
@@ -528,10 +626,11 @@ impl ModulePool {
 pub(crate) struct PooledBody {
     inner: Incoming,
     conn: Option<Conn>,
-    /// Where the connection goes back to; empty for one beyond the cap.
+    /// Where the connection goes back to; empty for one not reused.
     pool: Weak<Inner>,
-    /// After a 101: the slot of the upgraded connection.
-    upgrade_slot: Option<Arc<Slot>>,
+    /// A long-lived exchange's ticket, held until the body is dropped or,
+    /// after a 101, by whoever takes it.
+    ticket: Option<LongLived>,
 }
 
 impl PooledBody {
@@ -551,10 +650,10 @@ impl PooledBody {
         // has sent the rest of its request.
     }
 
-    /// After a 101: the slot of the upgraded connection, for whoever keeps
-    /// its socket (it is let go when dropped).
-    pub(crate) fn take_upgrade_slot(&mut self) -> Option<Arc<Slot>> {
-        self.upgrade_slot.take()
+    /// After a 101: the websocket's ticket, for whoever keeps its socket
+    /// (counted off when dropped).
+    pub(crate) fn take_ticket(&mut self) -> Option<LongLived> {
+        self.ticket.take()
     }
 }
 
@@ -631,6 +730,7 @@ mod tests {
         ConnectionLimits {
             max_connections,
             max_queued,
+            max_long_lived: 2,
         }
     }
 
@@ -658,7 +758,12 @@ mod tests {
     }
 
     async fn get(pool: &ModulePool) -> String {
-        text(pool.send(request(), later()).await.expect("send")).await
+        text(
+            pool.send(request(), later(), Hold::Exchange)
+                .await
+                .expect("send"),
+        )
+        .await
     }
 
     /// Polls `future` once: its output if it is ready at once.
@@ -793,7 +898,10 @@ mod tests {
             .header("host", "x")
             .body(Body::from(vec![b'u'; UPLOAD]))
             .expect("request");
-        let response = pool.send(request, later()).await.expect("send");
+        let response = pool
+            .send(request, later(), Hold::Exchange)
+            .await
+            .expect("send");
         let got = tokio::time::timeout(std::time::Duration::from_secs(10), uploaded)
             .await
             .expect("the upload stalled while the answer was not read")
@@ -806,7 +914,10 @@ mod tests {
     #[tokio::test]
     async fn missing_socket_is_a_connect_error_naming_it() {
         let pool = ModulePool::new(PathBuf::from("/nonexistent/dash_x"), limits(1, 0));
-        let error = pool.send(request(), later()).await.expect_err("no socket");
+        let error = pool
+            .send(request(), later(), Hold::Exchange)
+            .await
+            .expect_err("no socket");
         assert!(error.to_string().contains("/nonexistent/dash_x"), "{error}");
     }
 
@@ -818,7 +929,10 @@ mod tests {
         let path = dir.path().join("s");
         let accepted = server(&path, false, false).await;
         let pool = ModulePool::new(path, limits(1, 8));
-        let held = pool.send(request(), later()).await.expect("send");
+        let held = pool
+            .send(request(), later(), Hold::Exchange)
+            .await
+            .expect("send");
         let mut waiting = std::pin::pin!(get(&pool));
         assert!(poll_once(&mut waiting).await.is_none(), "went past the cap");
         let stats = pool.stats();
@@ -837,7 +951,10 @@ mod tests {
         let path = dir.path().join("s");
         let accepted = server(&path, false, false).await;
         let pool = ModulePool::new(path, limits(1, 8));
-        let held = pool.send(request(), later()).await.expect("send");
+        let held = pool
+            .send(request(), later(), Hold::Exchange)
+            .await
+            .expect("send");
         let mut waiting = std::pin::pin!(get(&pool));
         assert!(poll_once(&mut waiting).await.is_none(), "went past the cap");
         drop(held);
@@ -854,10 +971,13 @@ mod tests {
         let path = dir.path().join("s");
         server(&path, false, false).await;
         let pool = ModulePool::new(path, limits(1, 1));
-        let _held = pool.send(request(), later()).await.expect("send");
+        let _held = pool
+            .send(request(), later(), Hold::Exchange)
+            .await
+            .expect("send");
         let mut waiting = std::pin::pin!(get(&pool));
         assert!(poll_once(&mut waiting).await.is_none(), "went past the cap");
-        let mut refused = std::pin::pin!(pool.send(request(), later()));
+        let mut refused = std::pin::pin!(pool.send(request(), later(), Hold::Exchange));
         match poll_once(&mut refused).await {
             Some(Err(PoolError::Busy {
                 connections: 1,
@@ -875,12 +995,18 @@ mod tests {
         let path = dir.path().join("s");
         server(&path, false, false).await;
         let pool = ModulePool::new(path, limits(1, 8));
-        let held = pool.send(request(), later()).await.expect("send");
-        let soon = Instant::now() + Duration::from_millis(50);
-        let error = tokio::time::timeout(Duration::from_secs(10), pool.send(request(), soon))
+        let held = pool
+            .send(request(), later(), Hold::Exchange)
             .await
-            .expect("waited past its deadline")
-            .expect_err("no connection was free");
+            .expect("send");
+        let soon = Instant::now() + Duration::from_millis(50);
+        let error = tokio::time::timeout(
+            Duration::from_secs(10),
+            pool.send(request(), soon, Hold::Exchange),
+        )
+        .await
+        .expect("waited past its deadline")
+        .expect_err("no connection was free");
         assert!(
             matches!(error, PoolError::Waited { connections: 1 }),
             "{error:?}"
@@ -898,7 +1024,10 @@ mod tests {
         let path = dir.path().join("s");
         let accepted = server(&path, false, false).await;
         let pool = ModulePool::new(path, limits(1, 8));
-        let held = pool.send(request(), later()).await.expect("send");
+        let held = pool
+            .send(request(), later(), Hold::Exchange)
+            .await
+            .expect("send");
         let probed = tokio::time::timeout(Duration::from_secs(10), pool.probe(request()))
             .await
             .expect("the probe waited for the cap")
@@ -935,7 +1064,7 @@ mod tests {
         }
         assert!(full, "the backlog never filled");
         let pool = ModulePool::new(path, limits(4, 0));
-        let mut sending = std::pin::pin!(pool.send(request(), later()));
+        let mut sending = std::pin::pin!(pool.send(request(), later(), Hold::Exchange));
         if let Some(result) = poll_once(&mut sending).await {
             panic!("a connect to a full backlog was not tried again: {result:?}");
         }
@@ -958,5 +1087,51 @@ mod tests {
             .expect("still trying")
             .expect("sent once the backlog had room");
         assert_eq!(text(response).await, "ok");
+    }
+
+    /// A stream or websocket gives its slot back once answered: with a cap
+    /// of one connection, a request goes through while it stays open.
+    /// Its connection is not reused once it ends.
+    #[tokio::test]
+    async fn a_long_lived_exchange_gives_its_slot_back_once_answered() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        let accepted = server(&path, false, false).await;
+        let pool = ModulePool::new(path, limits(1, 0));
+        let open = pool
+            .send(request(), later(), Hold::LongLived)
+            .await
+            .expect("long-lived");
+        let stats = pool.stats();
+        assert_eq!((stats.open, stats.long_lived), (0, 1), "{stats:?}");
+        // No queue (0 may wait): with the slot still held this would be Busy.
+        assert_eq!(get(&pool).await, "ok");
+        assert_eq!(text(open).await, "ok");
+        assert_eq!(pool.stats().long_lived, 0);
+        assert_eq!(get(&pool).await, "ok");
+        // The long-lived one's connection, and one kept for requests.
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// Beyond `max_long_lived` open, the next is refused at once; one
+    /// closed makes room again.
+    #[tokio::test]
+    async fn long_lived_exchanges_beyond_the_cap_are_refused_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s");
+        server(&path, false, false).await;
+        let pool = ModulePool::new(path, limits(1, 0));
+        let first = pool.send(request(), later(), Hold::LongLived).await;
+        let second = pool.send(request(), later(), Hold::LongLived).await;
+        let third = pool.send(request(), later(), Hold::LongLived).await;
+        assert!(
+            matches!(third, Err(PoolError::LongLivedFull { limit: 2 })),
+            "{third:?}"
+        );
+        drop(first.expect("first"));
+        let fourth = pool.send(request(), later(), Hold::LongLived).await;
+        assert_eq!(text(fourth.expect("after one closed")).await, "ok");
+        assert_eq!(text(second.expect("second")).await, "ok");
+        assert_eq!(pool.stats().long_lived, 0);
     }
 }

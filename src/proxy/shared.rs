@@ -48,6 +48,7 @@ use tokio::time::Instant;
 use super::headers::tokens;
 use super::{send, upstream_request};
 use crate::config::ServerSettings;
+use crate::connection::Hold;
 use crate::error::ProxyError;
 use crate::supervisor::{ModuleHandle, NotReady};
 
@@ -459,7 +460,15 @@ async fn fetch(
     let upstream = upstream_request(parts, Body::empty());
     let deadline = settings.http_response_timeout;
     let started = Instant::now();
-    let response = send(module, &gate, upstream, Some(deadline), settings).await?;
+    let response = send(
+        module,
+        &gate,
+        upstream,
+        Some(deadline),
+        Hold::Exchange,
+        settings,
+    )
+    .await?;
     let (mut head, body) = response.into_parts();
     super::strip_hop_by_hop(&mut head.headers);
     let mut body = super::CancelableBody::new(body, &gate.cancel, module.shared_name())

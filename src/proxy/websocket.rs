@@ -12,6 +12,7 @@ use tracing::debug;
 use super::headers::tokens;
 use super::{downstream_response, send, strip_hop_by_hop, upstream_request};
 use crate::config::ServerSettings;
+use crate::connection::Hold;
 use crate::error::ProxyError;
 use crate::supervisor::{Gate, ModuleHandle};
 
@@ -50,6 +51,7 @@ pub(super) async fn forward(
         &gate,
         upstream,
         Some(settings.http_response_timeout),
+        Hold::LongLived,
         settings,
     )
     .await?;
@@ -57,9 +59,9 @@ pub(super) async fn forward(
         return Ok(downstream_response(module, &gate, response, None));
     }
     let module_upgrade = hyper::upgrade::on(&mut response);
-    // The websocket keeps its module connection, one of the module's
-    // `max_connections`, until it closes (as Ray's parent counts them).
-    let slot = response.body_mut().take_upgrade_slot();
+    // Open, the websocket counts under the module's
+    // `max_long_lived_connections` until it closes.
+    let ticket = response.body_mut().take_ticket();
 
     let mut answer = Response::new(Body::empty());
     *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
@@ -92,7 +94,7 @@ pub(super) async fn forward(
             &name,
         )
         .await;
-        drop(slot);
+        drop(ticket);
     });
     Ok(answer)
 }

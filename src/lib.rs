@@ -10,7 +10,7 @@
 //!    programs the binary carries besides the server), [`wheel`] (the
 //!    Python environment the wheel installed the binary into) and
 //!    [`descriptors`] (the open-file limit and the client connections it
-//!    leaves room for): the foundations (of which `cli` names `builtin`,
+//!    leaves room for), [`fault`] (faults tests inject): the foundations (of which `cli` names `builtin`,
 //!    `session` names `error` and `logging` names `session`).
 //! 2. [`routes`]: what a module route is and the table that finds it, and
 //!    the host's own routes, declared once ([`routes::host`]).
@@ -36,6 +36,7 @@ pub mod config;
 pub mod connection;
 pub mod descriptors;
 pub mod error;
+pub mod fault;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;

@@ -10,6 +10,8 @@ use ray_dashd::config::Config;
 const USAGE: u8 = 64;
 
 fn main() -> ExitCode {
+    #[cfg(feature = "failpoints")]
+    let _faults = ray_dashd::fault::from_env();
     // Never returns when the command line is `ray-dashd fork-shim …`.
     ray_dashd::builtin::fork_shim_if_asked();
     // Not an option for people: how the host starts its cgroup warden.

@@ -346,9 +346,13 @@ impl Drop for EarlyStart {
             spawn::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
         }
         // Its cgroup, and the rest at the host's exit (its registration
-        // stays: the runtime still reaps the process).
+        // stays: the runtime still reaps the process). Emptying a cgroup
+        // waits for its processes to die: off the runtime's threads.
         if let Some(cgroup) = spawned.cgroup {
-            cgroup.kill_and_remove();
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(move || cgroup.kill_and_remove())),
+                Err(_) => cgroup.kill_and_remove(),
+            }
         }
     }
 }

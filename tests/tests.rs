@@ -19,6 +19,7 @@ mod install;
 mod logging;
 mod metrics;
 mod module_connections;
+mod off_runtime;
 mod other_user;
 mod proxy_http;
 mod proxy_stream;

@@ -197,6 +197,7 @@ fn read_components(
 /// A process's unique set size: its private pages, from
 /// `/proc/<pid>/smaps_rollup`.
 fn uss_bytes(pid: u32) -> Option<u64> {
+    crate::fault::fault_point!("ray-component-sample");
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     let kib: u64 = text
         .lines()

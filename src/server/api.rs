@@ -31,11 +31,21 @@ pub(super) fn handler(route: ApiRoute) -> MethodRouter<AppState> {
     }
 }
 
+/// How long a scrape waits for the host's `/proc` readings.
+const PROCESS_READINGS_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The host's metrics (see [`crate::metrics`]), read now.
 async fn metrics(State(state): State<AppState>, headers: http::HeaderMap) -> impl IntoResponse {
-    let process = tokio::task::spawn_blocking(crate::metrics::ProcessReadings::read)
-        .await
-        .unwrap_or_default();
+    // A scrape is answered without the host's own readings rather than
+    // late (Prometheus gives up after 10 s by default).
+    let process = tokio::time::timeout(
+        PROCESS_READINGS_WITHIN,
+        tokio::task::spawn_blocking(crate::metrics::ProcessReadings::read),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .unwrap_or_default();
     let modules = state.supervisor.modules();
     let reports: Vec<_> = modules
         .iter()

@@ -219,6 +219,7 @@ pub(crate) fn oom_kills(dir: &Path) -> u64 {
 /// it is empty, and removes it and the cgroups under it. Failures are
 /// logged (`quiet`: at debug level).
 fn kill_and_remove(dir: &Path, quiet: bool) {
+    crate::fault::fault_point!("cgroup-remove");
     if let Err(e) = fs::write(dir.join("cgroup.kill"), b"1") {
         if e.kind() == io::ErrorKind::NotFound {
             return;

@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
-use std::sync::{mpsc, OnceLock};
+use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
@@ -120,29 +120,14 @@ type Job = Box<dyn FnOnce() + Send>;
 /// child's parent-death signal fires when the *thread* that forked it
 /// ends, not the process: a module forked from one of tokio's blocking
 /// threads, which end after 10 s without work, was SIGKILLed then. Where
-/// the thread cannot be made, `start` runs on the caller's thread.
+/// the thread cannot be made (no memory, a task limit reached), the start
+/// fails, and is tried again after the module's backoff, the thread with
+/// it: starting on the runtime's thread instead would stall every request
+/// for as long as the fork and a failed start's clean-up take.
 fn launch(
     start: impl FnOnce() -> io::Result<Spawned> + Send + 'static,
 ) -> impl Future<Output = io::Result<Spawned>> + Send {
-    static LAUNCHER: OnceLock<Option<mpsc::Sender<Job>>> = OnceLock::new();
-    let launcher = LAUNCHER.get_or_init(|| {
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let started = std::thread::Builder::new()
-            .name("dashd-launcher".into())
-            .spawn(move || {
-                for job in queue {
-                    // A start that panics fails its own caller only.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                }
-            });
-        match started {
-            Ok(_) => Some(jobs),
-            Err(error) => {
-                warn!(%error, "cannot start the launcher thread; modules are started on the runtime's thread");
-                None
-            }
-        }
-    });
+    static LAUNCHER: Mutex<Option<mpsc::Sender<Job>>> = Mutex::new(None);
     async move {
         let (done, result) = oneshot::channel();
         let runtime = tokio::runtime::Handle::current();
@@ -151,17 +136,41 @@ fn launch(
             let _entered = runtime.enter();
             let _ = done.send(start());
         });
-        let queued = match launcher {
-            Some(jobs) => jobs.send(job).map_err(|unsent| unsent.0),
-            None => Err(job),
-        };
-        if let Err(job) = queued {
-            job();
+        {
+            let mut launcher = LAUNCHER.lock().unwrap_or_else(|e| e.into_inner());
+            let jobs = match &*launcher {
+                Some(jobs) => jobs.clone(),
+                None => {
+                    let jobs = start_launcher()?;
+                    *launcher = Some(jobs.clone());
+                    jobs
+                }
+            };
+            if jobs.send(job).is_err() {
+                // Made again for the next start.
+                *launcher = None;
+                return Err(io::Error::other("the launcher thread has ended"));
+            }
         }
         result
             .await
             .unwrap_or_else(|_| Err(io::Error::other("the module's start panicked")))
     }
+}
+
+/// Starts the launcher thread; the queue it takes starts from.
+fn start_launcher() -> io::Result<mpsc::Sender<Job>> {
+    let (jobs, queue) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("dashd-launcher".into())
+        .spawn(move || {
+            for job in queue {
+                // A start that panics fails its own caller only.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+            }
+        })
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot start the launcher thread: {e}")))?;
+    Ok(jobs)
 }
 
 impl Incarnation for Spawned {

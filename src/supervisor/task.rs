@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 use super::health::check_health;
 use super::spawn::{log_name, tail, Incarnation, Processes, Spawner};
 use super::state::{Gate, ModuleState};
-use super::usage::{Miss, Vitals};
+use super::usage::{Miss, Usage, Vitals};
 use super::ModuleShared;
 use crate::config::Supervision;
 use crate::connection::ModulePool;
@@ -242,7 +242,10 @@ impl<S: Spawner> ModuleTask<S> {
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
             let mut failed_checks = 0u32;
             let mut vitals = Vitals::default();
-            vitals.record(child.usage().await, Instant::now());
+            vitals.record(
+                usage_within(&child, sup.health_timeout).await,
+                Instant::now(),
+            );
             loop {
                 tokio::select! {
                     biased;
@@ -265,7 +268,7 @@ impl<S: Spawner> ModuleTask<S> {
                 };
                 // What its processes did since the last check tells a busy
                 // module from a hung one.
-                let usage = child.usage().await;
+                let usage = usage_within(&child, sup.health_timeout).await;
                 let now = Instant::now();
                 let share = vitals.record(usage, now);
                 let rss = vitals.rss_bytes();
@@ -501,6 +504,17 @@ fn over_budget(rss: u64, budget: u64) -> String {
         mib(rss),
         mib(budget)
     )
+}
+
+/// What `child`'s processes used, if `/proc` tells within `within`: the
+/// read runs on the blocking pool, and one stuck there (a process in the
+/// middle of an exit holding its memory map, say) must not hold up the
+/// module's health checks too. A late sample counts as none.
+async fn usage_within<C: Incarnation>(child: &C, within: Duration) -> Option<Usage> {
+    tokio::time::timeout(within, child.usage())
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Bytes in MiB, for people.

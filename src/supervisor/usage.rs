@@ -63,6 +63,7 @@ impl Usage {
 /// its process group, and what it started elsewhere; see
 /// [`super::descendants`]). `None` once none of them is left.
 pub(crate) fn sample(leader: u32) -> Option<Usage> {
+    crate::fault::fault_point!("module-usage-sample");
     let owned = owned_by(leader);
     let mut usage = Usage {
         ticks_per_sec: ticks_per_sec(),

@@ -211,14 +211,18 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
                 let head_ip = ray::gcs::head_ip(&head.gcs_address);
                 let port = ray::metrics::port(|name| std::env::var(name).ok());
                 let metrics_address = match ray::metrics::bind(head_ip, port).await {
-                    Some(metrics_listener) => {
+                    Some(metrics_port) => {
                         let labels = metrics::ray::RayLabels {
                             version: head.parent.ray_version.clone(),
                             session_name: session_name(&session),
                         };
                         let series = metrics::ray::RayMetrics::new(labels, head_ip.to_string());
-                        ray_metrics = Some((metrics_listener, Arc::new(series)));
-                        Some(SocketAddr::new(head_ip, port).to_string())
+                        let bound = metrics_port
+                            .listener
+                            .local_addr()
+                            .map_or(port, |a| a.port());
+                        ray_metrics = Some((metrics_port, Arc::new(series)));
+                        Some(SocketAddr::new(head_ip, bound).to_string())
                     }
                     None => None,
                 };
@@ -290,7 +294,7 @@ pub struct Prepared {
     pub tls: Option<Arc<server::tls::ServerTls>>,
     /// When Ray's modules are hosted and Ray's metrics port could be
     /// bound: that port, and Ray's dashboard series to serve there.
-    pub ray_metrics: Option<(TcpListener, Arc<metrics::ray::RayMetrics>)>,
+    pub ray_metrics: Option<(ray::metrics::MetricsPort, Arc<metrics::ray::RayMetrics>)>,
 }
 
 /// The Ray session's name: its folder's (`session_<date>_<pid>`), through
@@ -329,10 +333,10 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
     let supervisor = Arc::new(Supervisor::start(&config.modules, &session, early, metrics));
     let proxy = Arc::new(Proxy::new(supervisor.modules(), config.server.clone()));
     let metrics_stop = tokio_util::sync::CancellationToken::new();
-    if let Some((listener, ray)) = ray_metrics {
+    if let Some((port, ray)) = ray_metrics {
         let interval = ray::metrics::record_interval(|name| std::env::var(name).ok());
         ray::metrics::serve(
-            listener,
+            port,
             ray,
             Arc::clone(&supervisor),
             interval,

@@ -19,7 +19,10 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::routes::{RouteKind, RouteSpec};
 use ray::{RayMetrics, RouteSeries};
 
+mod merge;
 pub mod ray;
+
+pub use merge::merge_openmetrics;
 
 /// What every series' name starts with.
 const PREFIX: &str = "ray_dashd";

@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+use crate::support::{check_config, check_config_text};
+
 fn run(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ray-dashd"))
         .args(args)
@@ -103,21 +105,13 @@ fn too_long_socket_path_is_refused() {
 /// The built-in default config is valid.
 #[test]
 fn default_config_checks() {
-    let out = run(&["--check-config"]);
+    let out = check_config(&[]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("example"));
-}
-
-/// Writes `text` as `name` in a temp dir and checks it with the binary.
-fn check_config(name: &str, text: &str) -> std::process::Output {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join(name);
-    std::fs::write(&path, text).expect("write");
-    run(&["--config", path.to_str().expect("utf8"), "--check-config"])
 }
 
 /// An unknown flag is a bad command line: exit 64 (not clap's 2), with
@@ -139,7 +133,7 @@ fn unknown_flag_exits_64_naming_it() {
 /// A TOML syntax error names the file, the line and the column.
 #[test]
 fn config_syntax_error_names_file_line_and_column() {
-    let out = check_config("syntax.toml", "[server]\nport = 80 80\n");
+    let out = check_config_text("syntax.toml", "[server]\nport = 80 80\n");
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -153,7 +147,7 @@ fn config_syntax_error_names_file_line_and_column() {
 /// loop) is refused, naming the field.
 #[test]
 fn config_with_zero_backoff_is_refused() {
-    let out = check_config("zero.toml", "[module_defaults]\nbackoff_initial_secs = 0\n");
+    let out = check_config_text("zero.toml", "[module_defaults]\nbackoff_initial_secs = 0\n");
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -171,7 +165,7 @@ fn config_route_shadowing_a_host_path_is_refused() {
         let text = format!(
             "[[modules]]\nname = \"greedy\"\ncommand = [\"true\"]\nroutes = [{{ method = \"{method}\", path = \"{path}\", type = \"http\" }}]\n"
         );
-        let out = check_config("shadow.toml", &text);
+        let out = check_config_text("shadow.toml", &text);
         assert_eq!(out.status.code(), Some(64));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("\"greedy\""), "{err}");
@@ -185,7 +179,7 @@ fn config_route_shadowing_a_host_path_is_refused() {
 /// the file, the entry and the problem.
 #[test]
 fn config_allow_lists_are_checked_and_shown() {
-    let out = check_config(
+    let out = check_config_text(
         "allow.toml",
         "[server]\nallowed_hosts = [\"Dash.Example.com\"]\nallowed_origins = [\"HTTPS://Dash.Example.com:443\"]\n",
     );
@@ -211,7 +205,7 @@ fn config_allow_lists_are_checked_and_shown() {
             "list each origin",
         ),
     ] {
-        let out = check_config("allow.toml", text);
+        let out = check_config_text("allow.toml", text);
         assert_eq!(out.status.code(), Some(64));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("allow.toml"), "{err}");

@@ -1,36 +1,11 @@
 //! Config layering and `--check-config`: a file is laid over the built-in
 //! config, and the effective config printed as TOML loads back unchanged.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use crate::support::{check_config, check_config_text, client, dashd, eventually, WAIT};
 
-use crate::support::{client, dashd, eventually, WAIT};
-
-/// The variables that would set what the tests set through files and flags.
-const CONFIG_VARS: &[&str] = &[
-    "RAY_DASHD_SESSION_DIR",
-    "RAY_DASHD_HOST",
-    "RAY_DASHD_PORT",
-    "RAY_DASHD_RAY_CLIENT_PORT",
-    "RAY_DASHD_RAY_PYTHON",
-    "RAY_DASHD_CONFIG",
-];
-
-/// `ray-dashd --check-config` with `args`, none of `CONFIG_VARS` set.
-fn check_config(args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ray-dashd"));
-    command.arg("--check-config").args(args);
-    for var in CONFIG_VARS {
-        command.env_remove(var);
-    }
-    command.output().expect("run ray-dashd --check-config")
-}
-
-/// The effective config of `text` (as file `name` in `dir`), parsed.
-fn effective(dir: &Path, name: &str, text: &str) -> toml::Table {
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("write config");
-    let out = check_config(&["--config", path.to_str().expect("utf8")]);
+/// The effective config of `text` (as file `name`), parsed.
+fn effective(name: &str, text: &str) -> toml::Table {
+    let out = check_config_text(name, text);
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -60,12 +35,7 @@ fn module_names(config: &toml::Table) -> Vec<String> {
 /// logs module runs and the UI's Logs page has its files.
 #[tokio::test]
 async fn a_file_without_modules_keeps_the_builtin_ones() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = effective(
-        dir.path(),
-        "python.toml",
-        "[ray]\npython = \"/opt/ray/bin/python\"\n",
-    );
+    let config = effective("python.toml", "[ray]\npython = \"/opt/ray/bin/python\"\n");
     assert_eq!(module_names(&config), ["example", "logs"]);
     assert_eq!(
         config["ray"]["python"].as_str(),
@@ -97,17 +67,12 @@ async fn a_file_without_modules_keeps_the_builtin_ones() {
 /// file's own.
 #[test]
 fn file_modules_replace_the_builtin_ones_unless_told_otherwise() {
-    let dir = tempfile::tempdir().expect("tempdir");
     let mine = "[[modules]]\nname = \"mine\"\ncommand = [\"true\"]\n";
-    let config = effective(dir.path(), "mine.toml", mine);
+    let config = effective("mine.toml", mine);
     assert_eq!(module_names(&config), ["mine"]);
-    let config = effective(dir.path(), "none.toml", "builtin_modules = false\n");
+    let config = effective("none.toml", "builtin_modules = false\n");
     assert!(module_names(&config).is_empty(), "{config:#?}");
-    let config = effective(
-        dir.path(),
-        "both.toml",
-        &format!("builtin_modules = true\n{mine}"),
-    );
+    let config = effective("both.toml", &format!("builtin_modules = true\n{mine}"));
     assert_eq!(module_names(&config), ["example", "logs", "mine"]);
 }
 

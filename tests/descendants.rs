@@ -1,7 +1,8 @@
 //! Processes that leave a module's process group (setsid(), SIGTERM
 //! ignored, double-forked away) end with the module's incarnation and with
-//! the host: with cgroups (`server.cgroups = "auto"`, where this machine
-//! allows them) and without (`"off"`: found through /proc).
+//! the host: with cgroups (`server.cgroups = "auto"`; the `_in_cgroups`
+//! tests fail, saying why, where ray-dashd cannot use them) and without
+//! (`"off"`: found through /proc).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -94,9 +95,34 @@ fn cgroups_unusable(d: &Dashd) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Fails the test unless `escapees`, started by the module's first
+/// incarnation, are in its cgroup (`ray-dashd-<pid>/esc-0`): a test of
+/// cgroups must not pass having tested the /proc fallback. Where ray-dashd
+/// cannot use cgroups, the failure says why (run such tests with `--skip`
+/// on that machine).
+fn assert_in_cgroups(d: &Dashd, escapees: &Reap) {
+    if let Some(why) = cgroups_unusable(d) {
+        panic!("this test needs a writable cgroup v2, and ray-dashd has none here: {why}");
+    }
+    let expected = format!("/ray-dashd-{}/esc-0", d.pid());
+    for pid in &escapees.pids {
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .unwrap_or_else(|e| panic!("/proc/{pid}/cgroup: {e}"));
+        let unified = cgroup.lines().find_map(|l| l.strip_prefix("0::"));
+        assert!(
+            unified.is_some_and(|path| path.ends_with(&expected)),
+            "escapee {pid} is not in the incarnation's cgroup (…{expected}):\n{cgroup}log:\n{}",
+            d.log()
+        );
+    }
+}
+
 async fn restart_kills_escapees(cgroups: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut d, escapees) = start(cgroups, dir.path()).await;
+    if cgroups == "auto" {
+        assert_in_cgroups(&d, &escapees);
+    }
     let restarted = client()
         .post(d.url("/api/modules/esc/restart"))
         .send()
@@ -122,7 +148,8 @@ fn stop(d: &mut Dashd) {
 }
 
 /// A restart kills the incarnation's setsid() child that ignores SIGTERM
-/// and its double-forked one, in cgroups.
+/// and its double-forked one, in cgroups: where ray-dashd has none, it
+/// fails saying so, rather than pass having tested the /proc fallback.
 #[tokio::test]
 async fn restart_kills_escaped_descendants_in_cgroups() {
     restart_kills_escapees("auto").await;
@@ -157,6 +184,9 @@ async fn a_crashed_modules_escaped_descendants_are_killed() {
 async fn sigterm_kills_escapees(cgroups: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut d, escapees) = start(cgroups, dir.path()).await;
+    if cgroups == "auto" {
+        assert_in_cgroups(&d, &escapees);
+    }
     d.signal(Signal::SIGTERM);
     assert_eq!(d.wait_exit(WAIT).code(), Some(0), "log:\n{}", d.log());
     for pid in &escapees.pids {
@@ -168,7 +198,8 @@ async fn sigterm_kills_escapees(cgroups: &str) {
     }
 }
 
-/// ray-dashd's exit on SIGTERM leaves no escaped descendant, in cgroups.
+/// ray-dashd's exit on SIGTERM leaves no escaped descendant, in cgroups
+/// (which it needs, as the restart test does).
 #[tokio::test]
 async fn sigterm_exit_kills_escaped_descendants_in_cgroups() {
     sigterm_kills_escapees("auto").await;
@@ -189,9 +220,7 @@ async fn sigterm_exit_kills_escaped_descendants_without_cgroups() {
 async fn sigkill_of_the_host_kills_escaped_descendants_in_cgroups() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut d, escapees) = start("auto", dir.path()).await;
-    if let Some(why) = cgroups_unusable(&d) {
-        panic!("this test needs a writable cgroup v2, and ray-dashd has none here: {why}");
-    }
+    assert_in_cgroups(&d, &escapees);
     d.signal(Signal::SIGKILL);
     d.wait_exit(WAIT);
     for pid in &escapees.pids {

@@ -10,8 +10,8 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::support::{
-    client, command_module, dashd, eventually, file_with, kill, process_gone, read_pid_file,
-    ModuleDef,
+    client, command_module, dashd, eventually, file_with, kill, process_gone, python,
+    read_pid_file, ModuleDef,
 };
 
 const ZYGOTE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/modules/ray/zygote.py");
@@ -20,13 +20,6 @@ const APP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/zygote_ap
 const EXIT_ON_SIGTERM: &str = "43";
 /// Bound on a process ending.
 const GONE: Duration = Duration::from_secs(10);
-
-/// The Python with aiohttp. Missing, the test fails: a skipped run must
-/// not pass for one that ran (scripts/test sets it).
-fn python() -> String {
-    std::env::var("RAY_DASHD_TEST_PYTHON")
-        .expect("RAY_DASHD_TEST_PYTHON must name a Python with aiohttp (scripts/test sets it)")
-}
 
 /// The zygote, as module `Z`, preloading modules `alpha` and `beta`.
 fn zygote(python: &str) -> ModuleDef {

@@ -10,10 +10,9 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::ray_client::run_driver;
-use crate::ray_head::{
-    all_ray_modules_healthy, authed, ray_module_healthy, submit_six_times_seven, text, token,
-    RayHead,
+use crate::support::ray::{
+    all_ray_modules_healthy, authed, ray_module_healthy, run_driver, submit_six_times_seven, text,
+    token, RayHead,
 };
 use crate::support::{client, dashd, Dashd};
 
@@ -25,7 +24,7 @@ const DEFAULT_CLIENT_PORT: u16 = 10001;
 const BARE_PATH: &str = "/usr/bin:/bin";
 
 /// The venv scripts/test installed the wheel into.
-fn wheel_venv() -> PathBuf {
+pub fn wheel_venv() -> PathBuf {
     let venv = std::env::var_os("RAY_DASHD_TEST_WHEEL_VENV").map(PathBuf::from);
     let venv = venv.unwrap_or_else(|| {
         panic!(
@@ -157,9 +156,11 @@ fn builtins_are_subcommands() {
 async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
     let venv = wheel_venv();
     let installed = venv.join("bin/ray-dashd");
-    let head = RayHead::start(&venv.join("bin/python"));
     // The proxy on its default port, as a user gets it: no other test uses
-    // 10001 (the test heads' own proxiers are on ports of their own).
+    // 10001 meanwhile (the test heads' own proxiers are on ports of their
+    // own; the README's recipe takes it too).
+    let _default_ports = crate::support::DEFAULT_PORTS.lock().await;
+    let head = RayHead::start(&venv.join("bin/python"));
     assert!(
         std::net::TcpListener::bind(("127.0.0.1", DEFAULT_CLIENT_PORT)).is_ok(),
         "port {DEFAULT_CLIENT_PORT} is taken on this machine: this test needs it free"

@@ -8,15 +8,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::support::{client, command_module, dashd, ModuleDef};
-
-/// The Python with aiohttp. Missing, the test fails: a test that passed
-/// without running would hide what it guards.
-fn python() -> String {
-    std::env::var("RAY_DASHD_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!("set RAY_DASHD_TEST_PYTHON to a Python with aiohttp (scripts/test does)")
-    })
-}
+use crate::support::{client, command_module, dashd, python, ModuleDef};
 
 /// The aiohttp script as a module serving `/api/py/hello` and `/api/py/ws`.
 fn aiohttp_module(name: &str) -> ModuleDef {

@@ -7,7 +7,7 @@
 //! every call also proves the token reaches the proxy, its GCS calls, the
 //! runtime env agent and the servers; a call without it is refused.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,41 +16,12 @@ use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
-use crate::ray_head::{free_port, ray_python, run_bounded, text, token, RayHead, RAY_WAIT};
-use crate::support::{bin_dir, command_module, dashd, eventually, process_gone, Dashd};
+use crate::support::ray::{
+    clients, driver, free_port, ray_python, run_driver, text, token, RayHead, RAY_WAIT,
+};
+use crate::support::{bin_dir, command_module, dashd, eventually, process_gone};
 
 const MODULE: &str = "ray_client_proxy";
-
-fn driver_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ray_client_driver.py")
-}
-
-fn driver(head: &RayHead, python: &Path, address: &str, scenario: &str, flags: &Path) -> Command {
-    let mut command = Command::new(python);
-    command
-        .arg(driver_script())
-        .args([address, scenario])
-        .arg(flags);
-    head.env(&mut command);
-    command
-}
-
-/// Runs a scenario to its end; its JSON result.
-pub(crate) fn run_driver(head: &RayHead, python: &Path, address: &str, scenario: &str) -> Value {
-    let flags = tempfile::tempdir().expect("flags dir");
-    let output = run_bounded(driver(head, python, address, scenario, flags.path()));
-    let out = text(&output);
-    assert!(output.status.success(), "{scenario} failed:\n{out}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let last = stdout
-        .lines()
-        .last()
-        .unwrap_or_else(|| panic!("{scenario} printed nothing:\n{out}"));
-    let mut result: Value =
-        serde_json::from_str(last).unwrap_or_else(|_| panic!("{scenario}: no JSON result:\n{out}"));
-    result["stdout"] = Value::String(stdout.into_owned());
-    result
-}
 
 /// A driver left running, killed by pid if the test ends first.
 struct Running(Option<Child>);
@@ -85,18 +56,6 @@ fn spawn_driver(mut command: Command) -> Running {
 async fn wait_file(path: &Path) {
     let found = eventually(RAY_WAIT, || async { path.exists().then_some(()) }).await;
     assert!(found.is_some(), "{} never appeared", path.display());
-}
-
-/// What the client proxy says of its clients and servers.
-pub(crate) async fn clients(d: &Dashd) -> Value {
-    d.client()
-        .get(d.url("/api/client_proxy/clients"))
-        .send()
-        .await
-        .expect("clients")
-        .json()
-        .await
-        .expect("json")
 }
 
 /// A TCP relay in front of the proxy whose connections can be cut, as a

@@ -8,10 +8,10 @@
 
 use serde_json::Value;
 
-use crate::ray_head::{
+use crate::support::eventually;
+use crate::support::ray::{
     all_ray_modules_healthy, authed, free_port, hosting, ray_python, text, RayHead, RAY_WAIT,
 };
-use crate::support::eventually;
 
 /// A custom resource only the worker node has, to pin a task to it.
 const WORKER_RESOURCE: &str = "dashd_worker_node";

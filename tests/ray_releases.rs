@@ -10,9 +10,9 @@
 
 use std::path::PathBuf;
 
-use crate::ray_client::run_driver;
-use crate::ray_head::{
-    all_ray_modules_healthy, authed, free_port, hosting, ray_module_healthy, text, RayHead,
+use crate::support::ray::{
+    all_ray_modules_healthy, authed, free_port, hosting, ray_module_healthy, ray_python,
+    run_driver, text, RayHead,
 };
 
 /// The other release's Python. Missing, the test fails: a skipped run must
@@ -89,8 +89,7 @@ async fn another_ray_release_is_hosted() {
 /// runs without a word.
 #[test]
 fn ray_releases_are_judged_by_what_they_contain() {
-    let python = std::env::var_os("RAY_DASHD_TEST_RAY_PYTHON")
-        .expect("RAY_DASHD_TEST_RAY_PYTHON must name a Python with Ray (scripts/test sets it)");
+    let python = ray_python();
     let launcher = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("modules/ray");
     let judge = |version: &str| {
         let script = format!(

@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::ray_head::{
-    all_ray_modules_healthy, authed, free_port, hosting, ray_python, token, RayHead, RAY_WAIT,
-};
 use crate::support::eventually;
+use crate::support::ray::{
+    all_ray_modules_healthy, authed, free_port, hosting, ray_python, run_bounded, token, RayHead,
+    RAY_WAIT,
+};
 
 const NODES: usize = 200;
 const ACTORS: usize = 1000;
@@ -106,7 +107,7 @@ fn compare_answers(python: &Path, args: &[&str]) -> (bool, String) {
         .arg(repo().join("bench/compare_answers.py"))
         .args(args)
         .env("RAY_AUTH_TOKEN", token());
-    let output = crate::ray_head::run_bounded(command);
+    let output = run_bounded(command);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

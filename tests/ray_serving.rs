@@ -8,11 +8,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::ray_head::{
+use crate::support::client;
+use crate::support::ray::{
     free_port, hosting, ray_module_healthy, ray_python, run_bounded, submit_six_times_seven, text,
     RayHead,
 };
-use crate::support::client;
 use crate::tls::{dashboard_key, path, Ca};
 
 const PREFIX: &str = "/cluster-a/dashboard";

@@ -10,12 +10,11 @@ use std::path::Path;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
-use crate::ray_client::run_driver;
-use crate::ray_head::{
-    all_ray_modules_healthy, authed, free_port, hosting, ray_module_healthy,
-    submit_six_times_seven, RayHead, RAY_WAIT,
-};
 use crate::support::eventually;
+use crate::support::ray::{
+    all_ray_modules_healthy, authed, free_port, hosting, ray_module_healthy, ray_python,
+    run_driver, submit_six_times_seven, RayHead, RAY_WAIT,
+};
 
 /// Writes a CA (`ca.crt`) and a certificate it signed for 127.0.0.1 and
 /// localhost (`server.crt`, `server.key`) into `dir`; Ray's TLS variables
@@ -53,9 +52,7 @@ fn make_certs(dir: &Path) -> Vec<(&'static str, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ray_dashd_serves_a_tls_cluster() {
-    let python = std::env::var_os("RAY_DASHD_TEST_RAY_PYTHON")
-        .map(std::path::PathBuf::from)
-        .expect("RAY_DASHD_TEST_RAY_PYTHON must name a Python with ray==2.60.0 (scripts/test makes one): this test needs a real Ray head");
+    let python = ray_python();
     let certs = tempfile::tempdir().expect("certs dir");
     let tls_env = make_certs(certs.path());
     let tls_pairs: Vec<(&str, &str)> = tls_env.iter().map(|(k, v)| (*k, v.as_str())).collect();

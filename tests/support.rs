@@ -1,10 +1,13 @@
 //! Test fixtures: a real `ray-dashd` process with the test module behind it,
-//! started in a private temp dir on a free loopback port, killed by pid on drop.
+//! started in a private temp dir on a free loopback port, killed by pid on drop;
+//! the Pythons the tests need and `--check-config`. A real Ray head: [`ray`].
+
+pub mod ray;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,6 +18,10 @@ use serde_json::Value;
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Default bound for `eventually`.
 pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Held by each test that takes a default port of Ray's or ray-dashd's
+/// (10001, 8265…): one at a time, whatever the test harness runs beside.
+pub static DEFAULT_PORTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub use crate::bins::{bin_dir, test_module_bin};
 
@@ -644,6 +651,44 @@ pub fn kill(pid: u64, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("kill");
 }
 
+/// The Python with aiohttp, named by `RAY_DASHD_TEST_PYTHON` (scripts/test
+/// sets it; the Python with Ray is [`ray::ray_python`]). Missing, the test
+/// fails: a skipped run must not pass for one that ran.
+pub fn python() -> String {
+    std::env::var("RAY_DASHD_TEST_PYTHON")
+        .expect("RAY_DASHD_TEST_PYTHON must name a Python with aiohttp (scripts/test sets it)")
+}
+
+/// The variables that would set what the tests set through files and
+/// flags: [`check_config`] runs without them.
+const CONFIG_VARS: &[&str] = &[
+    "RAY_DASHD_SESSION_DIR",
+    "RAY_DASHD_HOST",
+    "RAY_DASHD_PORT",
+    "RAY_DASHD_RAY_CLIENT_PORT",
+    "RAY_DASHD_RAY_PYTHON",
+    "RAY_DASHD_CONFIG",
+];
+
+/// `ray-dashd --check-config` with `args`, none of [`CONFIG_VARS`] set.
+pub fn check_config(args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ray-dashd"));
+    command.arg("--check-config").args(args);
+    for var in CONFIG_VARS {
+        command.env_remove(var);
+    }
+    command.output().expect("run ray-dashd --check-config")
+}
+
+/// [`check_config`] of `text`, written as file `name` (which its errors
+/// name) in a temp dir.
+pub fn check_config_text(name: &str, text: &str) -> Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).expect("write config");
+    check_config(&["--config", path.to_str().expect("utf8")])
+}
+
 /// Module `name`, a few lines of Python (`RAY_DASHD_TEST_PYTHON`) that
 /// answer `GET /api/healthz` with 200 and any other request with `answer`,
 /// raw bytes as written, then close: for module answers no real HTTP server
@@ -676,8 +721,7 @@ while True:
     conn, _ = listener.accept()
     threading.Thread(target=serve, args=(conn,), daemon=True).start()
 "#;
-    let python = std::env::var("RAY_DASHD_TEST_PYTHON")
-        .expect("RAY_DASHD_TEST_PYTHON must name a Python (scripts/test sets it)");
+    let python = python();
     let hex: String = answer.iter().map(|b| format!("{b:02x}")).collect();
     command_module(name, &[&python, "-c", SERVER]).env("RAW_ANSWER_HEX", &hex)
 }

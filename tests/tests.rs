@@ -33,6 +33,7 @@ mod ray_scale;
 mod ray_serving;
 mod ray_setup;
 mod ray_tls;
+mod readme;
 mod reload;
 mod shared_answers;
 mod shutdown;

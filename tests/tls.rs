@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::ray_head::{ray_python, text, RayHead, RAY_WAIT};
+use crate::support::ray::{ray_python, text, RayHead, RAY_WAIT};
 use crate::support::{dashd, eventually, raw_exchange, test_module, Dashd, WAIT};
 
 /// A CA, and what it signs.

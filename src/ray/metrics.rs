@@ -16,7 +16,7 @@ use axum::response::IntoResponse;
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::metrics::ray::{ComponentSample, HostSample, RayMetrics, HOST_COMPONENT};
 use crate::supervisor::Supervisor;
@@ -44,46 +44,106 @@ pub fn record_interval(env: impl Fn(&str) -> Option<String>) -> Duration {
         .map_or(DEFAULT_RECORD_INTERVAL, Duration::from_secs)
 }
 
+/// Where ray-dashd serves Ray's dashboard metrics.
+#[derive(Debug)]
+pub struct MetricsPort {
+    /// The bound port.
+    pub listener: TcpListener,
+    /// Ray's own dashboard process, when it holds Ray's port: its series
+    /// are served too, merged into ray-dashd's.
+    pub ray_own: Option<SocketAddr>,
+}
+
+/// How long a scrape waits for the series of Ray's own dashboard process.
+const RAY_OWN_WITHIN: Duration = Duration::from_secs(2);
+
+/// The most of Ray's own dashboard process's answer that is read.
+const RAY_OWN_MAX_BYTES: usize = 16 << 20;
+
 /// Binds the metrics port as Ray does: on the head's IP when that is a
-/// loopback address, else on all addresses. `None`, logged once, when the
-/// port is taken: everything else is served all the same.
-pub async fn bind(head_ip: IpAddr, port: u16) -> Option<TcpListener> {
+/// loopback address, else on all addresses.
+///
+/// Ray 2.60's `ray start --include-dashboard=false` still runs a dashboard
+/// process of its own (its usage-stats module only), which binds `port`
+/// first and writes it to `DashboardMetricsAddress`. Then ray-dashd binds
+/// the next port, serves that process's series merged into its own there,
+/// and its `DashboardMetricsAddress` (written after Ray's, and again each
+/// minute) points Prometheus's discovery at the merged port: nothing of
+/// either is lost. `None`, logged once, when neither can be bound:
+/// everything else is served all the same.
+pub async fn bind(head_ip: IpAddr, port: u16) -> Option<MetricsPort> {
     let ip = if head_ip.is_loopback() {
         head_ip
     } else {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)
     };
     let addr = SocketAddr::new(ip, port);
-    match TcpListener::bind(addr).await {
-        Ok(listener) => Some(listener),
+    let taken = match TcpListener::bind(addr).await {
+        Ok(listener) => {
+            return Some(MetricsPort {
+                listener,
+                ray_own: None,
+            })
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => error,
         Err(error) => {
             warn!(%addr, %error, "cannot bind Ray's dashboard metrics port (DASHBOARD_METRIC_PORT); not serving Ray's dashboard metrics");
+            return None;
+        }
+    };
+    let next = SocketAddr::new(ip, port.checked_add(1)?);
+    match TcpListener::bind(next).await {
+        Ok(listener) => {
+            info!(
+                taken = %addr,
+                serving = %next,
+                "Ray's dashboard metrics port is taken (Ray's own dashboard process, as a rule); \
+                 serving Ray's dashboard metrics on the next port, with the taken port's merged in"
+            );
+            Some(MetricsPort {
+                listener,
+                ray_own: Some(SocketAddr::new(head_ip, port)),
+            })
+        }
+        Err(error) => {
+            warn!(%addr, %next, taken = %taken, %error, "cannot bind Ray's dashboard metrics port (DASHBOARD_METRIC_PORT) nor the next; not serving Ray's dashboard metrics");
             None
         }
     }
 }
 
-/// Serves `metrics` on `listener` (any path, as Ray's exporter does) and
-/// samples the components every `interval`, until `stop`.
+/// Serves `metrics` on `port` (any path, as Ray's exporter does; the text
+/// format 0.0.4 unless `Accept` asks for OpenMetrics, as Prometheus's
+/// client libraries answer) and samples the components every `interval`,
+/// until `stop`.
 pub fn serve(
-    listener: TcpListener,
+    port: MetricsPort,
     metrics: Arc<RayMetrics>,
     supervisor: Arc<Supervisor>,
     interval: Duration,
     stop: CancellationToken,
 ) {
+    let MetricsPort { listener, ray_own } = port;
     let scraped = Arc::clone(&metrics);
-    let app = Router::new().fallback(move || {
+    let app = Router::new().fallback(move |headers: axum::http::HeaderMap| {
         let metrics = Arc::clone(&scraped);
         async move {
-            (
-                [(
-                    header::CONTENT_TYPE,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                )],
-                metrics.encode(),
-            )
-                .into_response()
+            let mut text = metrics.encode();
+            if let Some(ray_own) = ray_own {
+                if let Some(theirs) = scrape_ray_own(ray_own).await {
+                    text = crate::metrics::merge_openmetrics(&text, &theirs);
+                }
+            }
+            let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+            if crate::metrics::wants_openmetrics(accept) {
+                ([(header::CONTENT_TYPE, crate::metrics::OPENMETRICS)], text).into_response()
+            } else {
+                (
+                    [(header::CONTENT_TYPE, crate::metrics::TEXT_004)],
+                    crate::metrics::to_text_004(&text),
+                )
+                    .into_response()
+            }
         }
     });
     let shutdown = stop.clone();
@@ -96,6 +156,54 @@ pub fn serve(
         }
     });
     tokio::spawn(sample(metrics, supervisor, interval, stop));
+}
+
+/// The OpenMetrics text Ray's own dashboard process serves at `addr`, if
+/// it answers one within [`RAY_OWN_WITHIN`]; else nothing, logged at debug
+/// level (a scrape goes on with ray-dashd's own series).
+async fn scrape_ray_own(addr: SocketAddr) -> Option<String> {
+    let scraped = tokio::time::timeout(RAY_OWN_WITHIN, async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        let request = axum::http::Request::get("/metrics")
+            .header(header::HOST, addr.to_string())
+            .header(
+                header::ACCEPT,
+                "application/openmetrics-text; version=1.0.0",
+            )
+            .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+        let response = sender.send_request(request).await?;
+        let openmetrics = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/openmetrics-text"));
+        if !response.status().is_success() || !openmetrics {
+            return Err(format!(
+                "answered {} ({:?}), not OpenMetrics",
+                response.status(),
+                response.headers().get(header::CONTENT_TYPE)
+            )
+            .into());
+        }
+        let body = http_body_util::Limited::new(response.into_body(), RAY_OWN_MAX_BYTES);
+        let bytes = http_body_util::BodyExt::collect(body).await?.to_bytes();
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(String::from_utf8(bytes.to_vec())?)
+    })
+    .await;
+    match scraped {
+        Ok(Ok(text)) => Some(text),
+        Ok(Err(error)) => {
+            debug!(%addr, %error, "no series from Ray's own dashboard process");
+            None
+        }
+        Err(_) => {
+            debug!(%addr, "no series from Ray's own dashboard process in time");
+            None
+        }
+    }
 }
 
 /// Samples CPU and memory of the host and every module with a process,

@@ -1029,8 +1029,8 @@ async fn the_liveness_probe_survives_allowed_hosts() {
     assert!(answer.starts_with("HTTP/1.1 403"), "the pod's IP: {answer}");
 }
 
-/// The image: `docker build` of docs/deploy (with the wheel scripts/test
-/// builds) succeeds, and the image runs as uid 1000 with ray-dashd and
+/// The image: `docker build` of docs/deploy (with this checkout's wheel)
+/// succeeds, and the image runs as uid 1000 with ray-dashd and
 /// both scripts on PATH and no wheel left in /tmp. Run with `--ignored`
 /// where a Docker daemon can pull rayproject/ray:2.60.0; without one, it
 /// fails.
@@ -1045,22 +1045,25 @@ fn the_image_builds() {
     };
     let info = docker(&["info", "--format", "{{.ServerVersion}}"]);
     assert!(info.status.success(), "no Docker daemon: {info:?}");
-    let wheels = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/wheels");
-    let wheel = std::fs::read_dir(&wheels)
-        .unwrap_or_else(|e| panic!("{}: {e} (scripts/test builds the wheel)", wheels.display()))
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .expect("a ray_dashd wheel in target/wheels");
     let context = tempfile::tempdir().expect("temp dir");
     for name in ["Dockerfile", "wait-for-ray-head", "ray-dashd-ready"] {
         std::fs::copy(deploy_dir().join(name), context.path().join(name)).expect("copy");
     }
-    std::fs::copy(
-        &wheel,
-        context.path().join(wheel.file_name().expect("name")),
-    )
-    .expect("copy");
+    // The wheel of this checkout, as pip builds it (the dev profile: the
+    // image is tested, not the build).
+    let venv = crate::install::wheel_venv();
+    let built = Command::new(venv.join("bin/pip"))
+        .args(["wheel", "--no-deps", "--quiet", "-w"])
+        .arg(context.path())
+        .arg(env!("CARGO_MANIFEST_DIR"))
+        .env("MATURIN_PEP517_ARGS", "--profile dev")
+        .output()
+        .expect("pip wheel");
+    assert!(
+        built.status.success(),
+        "pip wheel: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let tag = format!("ray-dashd-deploy-test:{}", std::process::id());
     let built = docker(&["build", "-t", &tag, context.path().to_str().expect("utf-8")]);
     assert!(

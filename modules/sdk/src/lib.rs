@@ -363,7 +363,7 @@ impl Drop for SocketFile<'_> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // unwrap is the idiom in tests (STYLE.md §3)
+#[allow(clippy::unwrap_used)] // in tests a failed unwrap is the failure message
 mod tests {
     use super::*;
     use std::collections::HashMap;

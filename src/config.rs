@@ -13,7 +13,7 @@ pub mod ray;
 mod validate;
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -182,6 +182,67 @@ pub struct Supervision {
     pub nice: i32,
 }
 
+// === Defaults ===
+//
+// What each setting is when neither the file nor the command line names it
+// (the `[ray]` settings' are in [`ray`]).
+
+/// Default of `server.host`: loopback, so that the dashboard is reachable
+/// from elsewhere only when an address is named.
+pub const DEFAULT_HOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// Default of `server.port`: Ray's dashboard port.
+pub const DEFAULT_PORT: u16 = 8265;
+
+/// Default of `server.max_request_body_bytes`: 100 MiB.
+pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 100 * 1024 * 1024;
+
+/// Default of `server.max_header_bytes`: 64 KiB.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Default of `server.max_websocket_message_bytes`: 64 MiB.
+pub const DEFAULT_MAX_WEBSOCKET_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Default of `server.http_response_timeout_secs`: how long an `http`
+/// route's module may take to start its answer before the client gets 504.
+pub const DEFAULT_HTTP_RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Default of `server.shutdown_grace_secs`: how long in-flight requests get
+/// after SIGTERM or SIGINT.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Default of `server.worker_threads`: one thread is the cheapest per
+/// request when the modules behind need the other cores.
+pub const DEFAULT_WORKER_THREADS: usize = 1;
+
+/// Default of `startup_timeout_secs`: how long a new incarnation may take
+/// to answer `/api/healthz` with 200.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Default of `health_interval_secs`: the time between two health checks.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Default of `health_timeout_secs`: a check that takes longer fails.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Default of `failure_threshold`: failed checks in a row that make a
+/// ready module unhealthy.
+pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
+
+/// Default of `backoff_initial_secs`: the delay before the second restart
+/// in a row (the first is at once); it doubles with each failure.
+pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_millis(500);
+
+/// Default of `backoff_max_secs`: the cap on the restart delay.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Default of `stable_after_secs`: healthy uptime after which the failure
+/// count (and so the backoff) starts over.
+pub const DEFAULT_STABLE_AFTER: Duration = Duration::from_secs(30);
+
+/// Default of `stop_grace_secs`: the time between SIGTERM and SIGKILL.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// Connections per module when the config names no number: Ray's own
 /// dashboard parent opens at most 100 per module (aiohttp's connector
 /// limit), so Ray's modules are used to that much concurrency; and it is
@@ -254,14 +315,14 @@ pub struct ConnectionLimits {
 impl Default for Supervision {
     fn default() -> Self {
         Supervision {
-            startup_timeout: Duration::from_secs(30),
-            health_interval: Duration::from_secs(1),
-            health_timeout: Duration::from_secs(1),
-            failure_threshold: 3,
-            backoff_initial: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(30),
-            stable_after: Duration::from_secs(30),
-            stop_grace: Duration::from_secs(2),
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            health_interval: DEFAULT_HEALTH_INTERVAL,
+            health_timeout: DEFAULT_HEALTH_TIMEOUT,
+            failure_threshold: DEFAULT_FAILURE_THRESHOLD,
+            backoff_initial: DEFAULT_BACKOFF_INITIAL,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+            stable_after: DEFAULT_STABLE_AFTER,
+            stop_grace: DEFAULT_STOP_GRACE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
             max_long_lived: DEFAULT_MAX_LONG_LIVED,

@@ -11,6 +11,7 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use ray_dashd_contract::LockExt;
 use tracing::{warn, Metadata};
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::filter::{filter_fn, FilterExt, FilterFn};
@@ -290,7 +291,7 @@ impl Reporter {
 fn check_all(drops: &Mutex<Vec<Drops>>) {
     // A notice never blocks (the writers drop what does not fit), so
     // holding the lock across it is brief.
-    let mut drops = drops.lock().unwrap_or_else(|e| e.into_inner());
+    let mut drops = drops.locked();
     for d in drops.iter_mut() {
         d.check();
     }

@@ -4,6 +4,7 @@
 //! process ([`Scrape`]). Below the supervisor and the proxy, which record
 //! into it; it knows neither.
 
+use ray_dashd_contract::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -181,12 +182,7 @@ impl Metrics {
     /// request path finds them without a lookup; its series stay until the
     /// last [`ModuleMetrics`] of that name is dropped.
     pub fn module(self: &Arc<Metrics>, name: &str, routes: &[RouteSpec]) -> ModuleMetrics {
-        *self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(name.to_owned())
-            .or_default() += 1;
+        *self.live.locked().entry(name.to_owned()).or_default() += 1;
         let request = |kind: RouteKind, class: &'static str| RequestLabels {
             module: name.to_owned(),
             kind: kind_label(kind),
@@ -345,7 +341,7 @@ impl ModuleMetrics {
 
 impl Drop for ModuleMetrics {
     fn drop(&mut self) {
-        let mut live = self.metrics.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = self.metrics.live.locked();
         if let Some(count) = live.get_mut(&self.name) {
             *count -= 1;
             if *count == 0 {
@@ -382,8 +378,10 @@ impl Drop for OpenGuard {
 pub struct ModuleSample<'a> {
     /// The module's name.
     pub name: &'a str,
-    /// Its state (`healthy`, `backoff`, …).
+    /// Its state's name (`healthy`, `backoff`, …), as the label shows it.
     pub state: &'static str,
+    /// Whether it is healthy (serving).
+    pub healthy: bool,
     /// Incarnations started after the first.
     pub restarts: u32,
     /// The last successful health check's round trip.
@@ -438,8 +436,7 @@ impl Scrape<'_> {
             let labels = ModuleLabels {
                 module: m.name.to_owned(),
             };
-            up.get_or_create(&labels)
-                .set(i64::from(m.state == "healthy"));
+            up.get_or_create(&labels).set(i64::from(m.healthy));
             state
                 .get_or_create(&StateLabels {
                     module: m.name.to_owned(),
@@ -699,6 +696,7 @@ mod tests {
             modules: vec![ModuleSample {
                 name: "echo",
                 state: "backoff",
+                healthy: false,
                 restarts: 2,
                 health_rtt: Some(Duration::from_millis(2)),
                 in_flight: 1,

@@ -3,6 +3,7 @@
 //! Bodies stream in both directions; nothing is buffered whole.
 
 mod body;
+mod error;
 mod headers;
 mod idle;
 mod shared;
@@ -21,12 +22,13 @@ use http_body_util::{LengthLimitError, Limited};
 
 use crate::config::ServerSettings;
 use crate::connection::{Hold, PoolError, PooledBody};
-use crate::error::{error_chain, ProxyError};
+use crate::error::error_chain;
 use crate::metrics::OpenGuard;
 use crate::routes::{Lookup, RouteKind, RouteTable};
 use crate::supervisor::{Gate, ModuleHandle, NotReady};
 
 pub(crate) use body::CancelableBody;
+pub use error::{ProxyError, SharedError, UpstreamFailure};
 pub(crate) use headers::strip_hop_by_hop;
 pub(crate) use idle::{is_send_timeout, WriteTimeout};
 use idle::{BodyTimeout, ClientBodyError};
@@ -185,7 +187,7 @@ impl Proxy {
                 .admit()
                 .map_err(|NotReady { state, retry_after }| ProxyError::NotReady {
                     module: module.name().to_owned(),
-                    state: state.as_str(),
+                    state,
                     retry_after,
                 })?;
         match kind {
@@ -328,7 +330,7 @@ async fn send(
         _ = gate.cancel.cancelled() => {
             return Err(ProxyError::Upstream {
                 module: name.to_owned(),
-                reason: format!("incarnation {} failed while handling the request", gate.incarnation),
+                reason: UpstreamFailure::IncarnationFailed { incarnation: gate.incarnation },
             });
         }
         result = bounded => result,
@@ -365,7 +367,7 @@ async fn send(
             }),
             None => Err(ProxyError::Upstream {
                 module: name.to_owned(),
-                reason: error_chain(&e),
+                reason: UpstreamFailure::Exchange(Arc::new(e)),
             }),
         },
         Err(after) => Err(ProxyError::Timeout {
@@ -392,9 +394,7 @@ fn check_framing(
     {
         return Err(ProxyError::Upstream {
             module: module.to_owned(),
-            reason: "it answered with both Transfer-Encoding and Content-Length \
-                     (RFC 9112 §6.3: the body's length is ambiguous)"
-                .to_owned(),
+            reason: UpstreamFailure::AmbiguousLength,
         });
     }
     Ok(response)

@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod gcs;
 pub mod metrics;
+mod not_hosted;
 pub mod parent;
 pub mod python;
 pub mod shared_routes;
@@ -34,6 +35,7 @@ use crate::session::Session;
 use crate::supervisor::EarlyStart;
 use auth::Token;
 use gcs::{GcsClient, GcsStatus, Watcher};
+use not_hosted::{MissingImport, NotHosted, RunError};
 
 impl From<auth::TokenError> for StartupError {
     fn from(error: auth::TokenError) -> StartupError {
@@ -132,32 +134,22 @@ struct HeadFacts {
 
 impl RayParent {
     /// Checks `facts` and keeps what the host serves.
-    fn from_facts(facts: HeadFacts) -> Result<RayParent, String> {
+    fn from_facts(facts: HeadFacts) -> Result<RayParent, NotHosted> {
         for warning in &facts.warnings {
             warn!(ray_version = %facts.ray_version, "{warning}");
         }
         let token = match facts.authentication_mode.as_str() {
             "disabled" => None,
-            "k8s" => {
-                return Err("Ray's Kubernetes token authentication (RAY_AUTH_MODE=k8s) \
-                     is not supported by ray-dashd"
-                    .to_owned())
-            }
-            "token" if facts.k8s_token_auth => {
-                return Err(
-                    "Ray's Kubernetes token authentication (RAY_ENABLE_K8S_TOKEN_AUTH) \
-                     is not supported by ray-dashd"
-                        .to_owned(),
-                )
-            }
+            "k8s" => return Err(NotHosted::K8sAuthMode),
+            "token" if facts.k8s_token_auth => return Err(NotHosted::K8sTokenAuth),
             "token" => Some(
                 facts
                     .auth_token
                     .as_deref()
                     .and_then(Token::new)
-                    .ok_or("RAY_AUTH_MODE=token, but Ray found no token")?,
+                    .ok_or(NotHosted::NoToken)?,
             ),
-            other => return Err(format!("unknown Ray authentication mode {other:?}")),
+            other => return Err(NotHosted::UnknownAuthMode(other.to_owned())),
         };
         let ui_dir = if facts.ui_dir.join("index.html").is_file() {
             Some(facts.ui_dir)
@@ -195,9 +187,8 @@ pub struct RayStart {
 /// `GET /api/dashd/status` says under `ray`.
 #[derive(Debug, Clone, Serialize)]
 pub struct RayStatus {
-    /// `off` (`[ray] modules = "off"`), `no_head` (the session is no Ray
-    /// head's), `hosted` or `not_hosted`.
-    pub state: &'static str,
+    /// Whether they are hosted.
+    pub state: RayHosting,
     /// What is hosted, or why not and how to fix it.
     pub message: String,
     /// The Python that runs Ray's modules (or the one that failed).
@@ -208,8 +199,22 @@ pub struct RayStatus {
     pub ray_version: Option<String>,
 }
 
+/// Whether Ray's modules are hosted, as `/api/dashd/status` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RayHosting {
+    /// `[ray] modules = "off"`.
+    Off,
+    /// The session is no Ray head's.
+    NoHead,
+    /// They are hosted.
+    Hosted,
+    /// The session is a Ray head's, and they cannot be hosted.
+    NotHosted,
+}
+
 impl RayStatus {
-    fn new(state: &'static str, message: impl Into<String>, python: Option<&RayPython>) -> Self {
+    fn new(state: RayHosting, message: impl Into<String>, python: Option<&RayPython>) -> Self {
         RayStatus {
             state,
             message: message.into(),
@@ -231,7 +236,7 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
     };
     if settings.modules == RayModules::Off {
         return Ok(unhosted(RayStatus::new(
-            "off",
+            RayHosting::Off,
             "Ray's modules are off ([ray] modules = \"off\")",
             None,
         )));
@@ -246,7 +251,7 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         }
         info!(session = %session.dir.display(), "no Ray head found; Ray's modules are not hosted");
         return Ok(unhosted(RayStatus::new(
-            "no_head",
+            RayHosting::NoHead,
             format!("Ray's modules are not hosted: {why}"),
             None,
         )));
@@ -256,10 +261,8 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         let line = match python {
             Some(python) => format!(
                 "Ray head found (GCS {gcs_address}), but its modules cannot be hosted with \
-                 {} ({}): {why}{}",
-                python.program,
-                python.source,
-                fix_for(&why)
+                 {} ({}): {why}",
+                python.program, python.source,
             ),
             None => format!(
                 "Ray head found (GCS {gcs_address}), but its modules cannot be hosted: {why}"
@@ -267,7 +270,11 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         };
         if settings.modules == RayModules::Auto {
             warn!("{line}");
-            Ok(unhosted(RayStatus::new("not_hosted", line, python)))
+            Ok(unhosted(RayStatus::new(
+                RayHosting::NotHosted,
+                line,
+                python,
+            )))
         } else {
             Err(StartupError::Ray(line))
         }
@@ -294,7 +301,7 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         },
     };
     info!(python = %python.program, source = %python.source, "the Python for Ray's modules");
-    let not_hosted = |why: String| not_hosted(Some(&python), why);
+    let not_hosted = |why: NotHosted| not_hosted(Some(&python), format!("{why}{}", why.fix()));
     let launcher_dir = write_launcher(session)
         .map_err(|e| StartupError::Ray(format!("cannot write the launcher: {e}")))?;
     let mut facts = Command::new(&python.program);
@@ -347,17 +354,17 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         command.arg(&routes).args(&routes_args);
         match run(command, ROUTES_TIMEOUT) {
             Ok(toml) => RayRoutes::Read { toml, zygote: None },
-            Err(why) => RayRoutes::Failed(why),
+            Err(why) => RayRoutes::Failed(why.into()),
         }
     };
     let facts = facts
         .join()
-        .unwrap_or_else(|_| Err("head_facts.py runner panicked".to_owned()));
+        .map_err(|_| NotHosted::FactsRunnerPanicked)
+        .and_then(|ran| ran.map_err(NotHosted::from));
     // What the parent serves first: without it (a token that cannot be
     // read, say) the modules must not be exposed at all.
     let parent = match facts.and_then(|out| {
-        let facts = serde_json::from_str::<HeadFacts>(&out)
-            .map_err(|e| format!("head_facts.py printed no facts: {e}"))?;
+        let facts = serde_json::from_str::<HeadFacts>(&out).map_err(NotHosted::NoFacts)?;
         RayParent::from_facts(facts)
     }) {
         Ok(parent) => parent,
@@ -402,7 +409,7 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         info!(port = settings.client_port, "hosting the Ray Client proxy");
     }
     let mut status = RayStatus::new(
-        "hosted",
+        RayHosting::Hosted,
         format!(
             "hosting Ray {}'s dashboard modules (GCS {gcs_address})",
             parent.ray_version
@@ -423,22 +430,6 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
     })
 }
 
-/// The fix to append to a failure `why` of a Python that was named or
-/// found: how to name another when this one lacks Ray or does not run.
-fn fix_for(why: &str) -> String {
-    let lacks_ray = why.contains("No module named 'ray'") || why.contains("cannot start");
-    if lacks_ray || why.contains("cannot run") {
-        format!("; to fix: {}", python::NAME_IT)
-    } else if why.contains("ModuleNotFoundError") || why.contains("ImportError") {
-        format!(
-            "; to fix: install ray[default] into it (pip install 'ray[default]'), or {}",
-            python::NAME_IT
-        )
-    } else {
-        String::new()
-    }
-}
-
 /// What reading Ray's route table gave.
 // Made once, at start-up: the zygote is moved, not boxed.
 #[allow(clippy::large_enum_variant)]
@@ -452,9 +443,9 @@ enum RayRoutes {
         /// The running zygote, in fork mode.
         zygote: Option<EarlyStart>,
     },
-    /// Why not, in one line (the zygote's or `routes.py`'s failure, with
-    /// the end of its stderr): Ray's modules cannot be hosted.
-    Failed(String),
+    /// Why not (the zygote's or `routes.py`'s failure, with the end of its
+    /// stderr): Ray's modules cannot be hosted.
+    Failed(NotHosted),
 }
 
 /// Starts Ray's zygote (`zygote.py`, module [`ZYGOTE_MODULE`]) at once and
@@ -473,11 +464,11 @@ fn zygote_routes(
 ) -> Result<RayRoutes, StartupError> {
     let report = launcher_dir.join(REPORT_FILE);
     match std::fs::remove_file(&report) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Ok(RayRoutes::Failed(format!(
-                "cannot remove {}: {e}",
-                report.display()
-            )))
+        Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
+            return Ok(RayRoutes::Failed(NotHosted::RemoveReport {
+                path: report,
+                source,
+            }))
         }
         _ => {}
     }
@@ -510,7 +501,12 @@ fn zygote_routes(
     Session::check_socket_path(&session.socket_path(&spec.name))?;
     let mut zygote = match EarlyStart::spawn(spec, session) {
         Ok(zygote) => zygote,
-        Err(e) => return Ok(RayRoutes::Failed(format!("cannot start {python}: {e}"))),
+        Err(source) => {
+            return Ok(RayRoutes::Failed(NotHosted::StartZygote {
+                python: python.to_owned(),
+                source,
+            }))
+        }
     };
     let deadline = Instant::now() + ROUTES_TIMEOUT;
     loop {
@@ -522,11 +518,11 @@ fn zygote_routes(
                     zygote: Some(zygote),
                 })
             }
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Ok(RayRoutes::Failed(format!(
-                    "cannot read {}: {e}",
-                    report.display()
-                )))
+            Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
+                return Ok(RayRoutes::Failed(NotHosted::ReadReport {
+                    path: report,
+                    source,
+                }))
             }
             Err(_) => {}
         }
@@ -534,21 +530,21 @@ fn zygote_routes(
             // Its last line is the exception (a traceback ends with it);
             // the rest stays in its log.
             let tail = zygote.stderr_tail(session, 5);
-            return Ok(RayRoutes::Failed(format!(
-                "Ray's zygote ({}) exited ({status}) before reporting Ray's modules: {} \
-                 (the whole error is in {})",
-                command.join(" "),
-                last_line(&tail),
-                session
+            let last_line = last_line(&tail);
+            return Ok(RayRoutes::Failed(NotHosted::ZygoteExited {
+                command: command.join(" "),
+                status,
+                last_line: last_line.to_owned(),
+                missing: MissingImport::from_traceback(last_line),
+                log: session
                     .log_dir
-                    .file_path(&format!("dashboard_{ZYGOTE_MODULE}.err"))
-                    .display()
-            )));
+                    .file_path(&format!("dashboard_{ZYGOTE_MODULE}.err")),
+            }));
         }
         if Instant::now() >= deadline {
-            return Ok(RayRoutes::Failed(format!(
-                "Ray's zygote did not report Ray's modules within {ROUTES_TIMEOUT:?}"
-            )));
+            return Ok(RayRoutes::Failed(NotHosted::ZygoteSilent {
+                within: ROUTES_TIMEOUT,
+            }));
         }
         std::thread::sleep(REPORT_POLL);
     }
@@ -617,7 +613,7 @@ pub fn watcher(
         head.parent.token.as_ref(),
         head.tls.as_ref(),
     )
-    .map_err(StartupError::Ray)?;
+    .map_err(|e| StartupError::Ray(e.to_string()))?;
     Ok(Watcher::new(
         client,
         head.gcs_address.clone(),
@@ -659,7 +655,7 @@ fn last_line(text: &str) -> &str {
 
 /// Runs `command` to completion within `timeout`; its stdout on success,
 /// its stderr's last line in the error otherwise.
-fn run(mut command: Command, timeout: Duration) -> Result<String, String> {
+fn run(mut command: Command, timeout: Duration) -> Result<String, RunError> {
     // The program, and each argument that is a path by its file name.
     let describe = std::iter::once(command.get_program().to_string_lossy().into_owned())
         .chain(command.get_args().map(|arg| {
@@ -676,7 +672,10 @@ fn run(mut command: Command, timeout: Duration) -> Result<String, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {describe}: {e}"))?;
+        .map_err(|source| RunError::Spawn {
+            command: describe.clone(),
+            source,
+        })?;
     let mut stdout = child.stdout.take().expect("UNWRAP: stdout is piped");
     let mut stderr = child.stderr.take().expect("UNWRAP: stderr is piped");
     let out = std::thread::spawn(move || {
@@ -697,9 +696,17 @@ fn run(mut command: Command, timeout: Duration) -> Result<String, String> {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{describe} did not finish within {timeout:?}"));
+                return Err(RunError::TimedOut {
+                    command: describe,
+                    within: timeout,
+                });
             }
-            Err(e) => return Err(format!("{describe}: {e}")),
+            Err(source) => {
+                return Err(RunError::Wait {
+                    command: describe,
+                    source,
+                })
+            }
         }
     };
     let out = out.join().unwrap_or_default();
@@ -707,7 +714,13 @@ fn run(mut command: Command, timeout: Duration) -> Result<String, String> {
     if status.success() {
         Ok(out)
     } else {
-        Err(format!("{describe} failed ({status}): {}", last_line(&err)))
+        let last_line = last_line(&err);
+        Err(RunError::Failed {
+            command: describe,
+            status,
+            missing: MissingImport::from_traceback(last_line),
+            last_line: last_line.to_owned(),
+        })
     }
 }
 
@@ -789,19 +802,19 @@ mod tests {
             "ModuleNotFoundError: No module named 'ray'"
         );
         assert_eq!(last_line(""), "(no output)");
-        assert!(fix_for(last_line(traceback)).contains("--ray-python"));
-        assert!(fix_for("cannot run /no/python head_facts.py: not found").contains("--ray-python"));
-        assert!(fix_for("ModuleNotFoundError: No module named 'aiohttp'")
-            .contains("pip install 'ray[default]'"));
-        // Ray's own words say what differs; no fix to add.
-        assert_eq!(fix_for("ray 2.44.0 is older than 2.45.0"), "");
+        assert_eq!(
+            MissingImport::from_traceback(last_line(traceback)),
+            Some(MissingImport::Ray)
+        );
     }
 
     #[test]
     fn failing_command_reports_its_stderr() {
         let mut command = Command::new("sh");
         command.args(["-c", "echo partial; echo 'ray 2.61 differs' >&2; exit 64"]);
-        let err = run(command, Duration::from_secs(10)).expect_err("fails");
+        let err = run(command, Duration::from_secs(10))
+            .expect_err("fails")
+            .to_string();
         assert!(
             err.contains("ray 2.61 differs") && err.contains("64"),
             "{err}"

@@ -39,9 +39,9 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
-use crate::error::ProxyError;
+use crate::error::error_chain;
 use crate::metrics::Metrics;
-use crate::proxy::{is_send_timeout, Proxy, Routed, WriteTimeout};
+use crate::proxy::{is_send_timeout, Proxy, ProxyError, Routed, WriteTimeout};
 use crate::ray::{self, auth, RayParent};
 use crate::reload::Reloader;
 use crate::routes::host::{HostHandler, HOST_ROUTES};
@@ -300,7 +300,7 @@ async fn forward(proxy: &Proxy, lookup: Routed, request: Request<Body>) -> Respo
             // The module's failures are the operator's concern; the client's
             // own mistakes (405, 413, 400) are not logged.
             if error.is_upstream() {
-                warn!(%error, "request failed");
+                warn!(error = %error_chain(&error), "request failed");
             }
             error.into_response()
         }
@@ -511,7 +511,7 @@ mod tests {
             proxy: Arc::new(Proxy::new(Arc::from(Vec::new()), config.server)),
             ray: Some(Arc::new(parent)),
             ray_status: Arc::new(ray::RayStatus {
-                state: "hosted",
+                state: ray::RayHosting::Hosted,
                 message: String::new(),
                 python: None,
                 python_source: None,
@@ -603,7 +603,7 @@ mod tests {
             supervisor: Arc::clone(&supervisor),
             ray: None,
             ray_status: Arc::new(ray::RayStatus {
-                state: "off",
+                state: ray::RayHosting::Off,
                 message: String::new(),
                 python: None,
                 python_source: None,

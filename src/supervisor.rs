@@ -38,6 +38,7 @@ use std::process::ExitStatus;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
+use ray_dashd_contract::{LockExt, RwLockExt};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -78,7 +79,7 @@ pub(crate) struct ModuleShared {
 impl ModuleShared {
     /// Runs `f` on the status. The lock is never held across an await.
     pub(crate) fn update<R>(&self, f: impl FnOnce(&mut Status) -> R) -> R {
-        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let mut status = self.status.locked();
         f(&mut status)
     }
 }
@@ -419,10 +420,7 @@ impl Supervisor {
             .iter()
             .map(|spec| supervisor.spawn_task(spec, early.remove(&spec.name), None))
             .collect();
-        *supervisor
-            .modules
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Arc::from(modules);
+        *supervisor.modules.write_locked() = Arc::from(modules);
         // Closed so that `shutdown` can wait for it to empty; a reload
         // still spawns tasks on it.
         supervisor.tracker.close();
@@ -492,7 +490,7 @@ impl Supervisor {
 
     /// Every module now, in configuration order.
     pub fn modules(&self) -> Arc<[ModuleHandle]> {
-        Arc::clone(&self.modules.read().unwrap_or_else(|e| e.into_inner()))
+        Arc::clone(&self.modules.read_locked())
     }
 
     /// The module named `name`.
@@ -526,12 +524,7 @@ impl Supervisor {
                 None => {
                     applied.added.push(spec.name.clone());
                     // Removed by an earlier reload and still stopping?
-                    let after = self
-                        .retiring
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get(&spec.name)
-                        .cloned();
+                    let after = self.retiring.locked().get(&spec.name).cloned();
                     modules.push(self.spawn_task(spec, None, after));
                 }
             }
@@ -543,7 +536,7 @@ impl Supervisor {
                 applied.retired.push(module.clone());
             }
         }
-        *self.modules.write().unwrap_or_else(|e| e.into_inner()) = Arc::from(modules);
+        *self.modules.write_locked() = Arc::from(modules);
         applied
     }
 
@@ -551,8 +544,7 @@ impl Supervisor {
     fn retiring_now(&self, module: &ModuleHandle) {
         let stopped = module.shared.stopped.clone();
         self.retiring
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .insert(module.name().to_owned(), stopped);
     }
 
@@ -575,7 +567,7 @@ impl Supervisor {
         }
         module.shared.shutdown.cancel();
         module.shared.stopped.cancelled().await;
-        let mut retiring = self.retiring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut retiring = self.retiring.locked();
         // Unless a later retirement of the same name took its place.
         if retiring
             .get(module.name())

@@ -15,7 +15,7 @@ use std::time::Duration;
 use clap::Parser;
 use ray_dashd::cli::Cli;
 use ray_dashd::config::Config;
-use ray_dashd::ray::RayStatus;
+use ray_dashd::ray::{RayHosting, RayStatus};
 use ray_dashd::session::Session;
 use ray_dashd::{run, Prepared};
 use serde_json::Value;
@@ -49,7 +49,7 @@ fn prepare(session_dir: &Path, config_text: &str) -> Prepared {
         ray: None,
         token: None,
         ray_status: RayStatus {
-            state: "off",
+            state: RayHosting::Off,
             message: "off in this test".to_owned(),
             python: None,
             python_source: None,

@@ -9,67 +9,143 @@ use std::net::Ipv6Addr;
 pub(crate) const ALLOWED_HOSTS: &str = "server.allowed_hosts";
 pub(crate) const ALLOWED_ORIGINS: &str = "server.allowed_origins";
 
+/// Why an entry of `server.allowed_hosts` is refused: the problem, for the
+/// config error naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum HostEntryError {
+    /// The entry is empty.
+    #[error("must not be empty")]
+    Empty,
+    /// The entry has a `*`.
+    #[error("wildcards are not supported; list each host name")]
+    Wildcard,
+    /// The entry is a URL (an origin, say).
+    #[error("{entry:?} is a URL; give the host name alone (origins go in {origins})", origins = ALLOWED_ORIGINS)]
+    Url {
+        /// The entry.
+        entry: String,
+    },
+    /// The entry is an IPv6 address without its brackets.
+    #[error("write an IPv6 address in brackets, as Host has it: \"[{entry}]\"")]
+    BareIpv6 {
+        /// The entry.
+        entry: String,
+    },
+    /// The entry has a port.
+    #[error("{entry:?} has a port; give the host without it (every port is admitted): {host:?}")]
+    Port {
+        /// The entry.
+        entry: String,
+        /// The entry without its port.
+        host: String,
+    },
+    /// The entry is no host name or IP address.
+    #[error("{entry:?} is not a host name or IP address")]
+    NotAHost {
+        /// The entry.
+        entry: String,
+    },
+}
+
 /// Checks an entry of `server.allowed_hosts` and gives the form the guard
-/// compares: a host name or IP address without a port, lowercase. The
-/// error is the problem, for the config error naming the field.
-pub(crate) fn allowed_host(entry: &str) -> Result<String, String> {
+/// compares: a host name or IP address without a port, lowercase.
+pub(crate) fn allowed_host(entry: &str) -> Result<String, HostEntryError> {
     if entry.is_empty() {
-        return Err("must not be empty".to_owned());
+        return Err(HostEntryError::Empty);
     }
     if entry.contains('*') {
-        return Err("wildcards are not supported; list each host name".to_owned());
+        return Err(HostEntryError::Wildcard);
     }
+    let entry_owned = || entry.to_owned();
     if entry.contains("://") {
-        return Err(format!(
-            "{entry:?} is a URL; give the host name alone (origins go in {ALLOWED_ORIGINS})"
-        ));
+        return Err(HostEntryError::Url {
+            entry: entry_owned(),
+        });
     }
     if entry.parse::<Ipv6Addr>().is_ok() {
-        return Err(format!(
-            "write an IPv6 address in brackets, as Host has it: \"[{entry}]\""
-        ));
+        return Err(HostEntryError::BareIpv6 {
+            entry: entry_owned(),
+        });
     }
     match split_authority(entry) {
         Some((host, None)) if !host.is_empty() => Ok(host.to_ascii_lowercase()),
-        Some((host, Some(_))) if !host.is_empty() => Err(format!(
-            "{entry:?} has a port; give the host without it (every port is admitted): {host:?}"
-        )),
-        _ => Err(format!("{entry:?} is not a host name or IP address")),
+        Some((host, Some(_))) if !host.is_empty() => Err(HostEntryError::Port {
+            entry: entry_owned(),
+            host: host.to_owned(),
+        }),
+        _ => Err(HostEntryError::NotAHost {
+            entry: entry_owned(),
+        }),
     }
+}
+
+/// Why an entry of `server.allowed_origins` is refused: the problem, for
+/// the config error naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum OriginEntryError {
+    /// The entry is `*`.
+    #[error("\"*\" is not supported: it would let every web page open websockets and send writes here; list each origin")]
+    Wildcard,
+    /// The entry is `null`.
+    #[error("\"null\" is not supported: every sandboxed or local page sends it")]
+    Null,
+    /// The entry is not `scheme://host[:port]`.
+    #[error("{entry:?} is not an origin: write scheme://host[:port], such as \"https://dash.example.com\"")]
+    Shape {
+        /// The entry.
+        entry: String,
+    },
+    /// The scheme is neither `http` nor `https`.
+    #[error("{entry:?}: the scheme must be http or https")]
+    Scheme {
+        /// The entry.
+        entry: String,
+    },
+    /// The entry has a path.
+    #[error("{entry:?}: an origin has no path; write \"{origin}\"")]
+    Path {
+        /// The entry.
+        entry: String,
+        /// The entry without its path.
+        origin: String,
+    },
+    /// The port is not 1 to 65535.
+    #[error("{entry:?}: the port must be 1 to 65535")]
+    Port {
+        /// The entry.
+        entry: String,
+    },
 }
 
 /// Checks an entry of `server.allowed_origins` and gives the form browsers
 /// send in `Origin` (lowercase, the default port left out), which the guard
 /// compares.
-pub(crate) fn allowed_origin(entry: &str) -> Result<String, String> {
+pub(crate) fn allowed_origin(entry: &str) -> Result<String, OriginEntryError> {
     match entry {
-        "*" => {
-            return Err(
-                "\"*\" is not supported: it would let every web page open websockets and send writes here; list each origin"
-                    .to_owned(),
-            )
-        }
-        "null" => {
-            return Err(
-                "\"null\" is not supported: every sandboxed or local page sends it".to_owned(),
-            )
-        }
+        "*" => return Err(OriginEntryError::Wildcard),
+        "null" => return Err(OriginEntryError::Null),
         _ => {}
     }
-    let shape = || {
-        format!("{entry:?} is not an origin: write scheme://host[:port], such as \"https://dash.example.com\"")
+    let entry_owned = || entry.to_owned();
+    let shape = || OriginEntryError::Shape {
+        entry: entry_owned(),
     };
     let (scheme, authority) = entry.split_once("://").ok_or_else(shape)?;
     let scheme = scheme.to_ascii_lowercase();
     let default_port = match scheme.as_str() {
         "http" => "80",
         "https" => "443",
-        _ => return Err(format!("{entry:?}: the scheme must be http or https")),
+        _ => {
+            return Err(OriginEntryError::Scheme {
+                entry: entry_owned(),
+            })
+        }
     };
     if let Some((authority, _)) = authority.split_once('/') {
-        return Err(format!(
-            "{entry:?}: an origin has no path; write \"{scheme}://{authority}\""
-        ));
+        return Err(OriginEntryError::Path {
+            entry: entry_owned(),
+            origin: format!("{scheme}://{authority}"),
+        });
     }
     let (host, port) = split_authority(authority)
         .filter(|(host, _)| !host.is_empty())
@@ -80,7 +156,9 @@ pub(crate) fn allowed_origin(entry: &str) -> Result<String, String> {
         Some(port) if port == default_port => Ok(format!("{scheme}://{host}")),
         Some(port) => match port.parse::<u16>() {
             Ok(n) if n > 0 => Ok(format!("{scheme}://{host}:{n}")),
-            _ => Err(format!("{entry:?}: the port must be 1 to 65535")),
+            _ => Err(OriginEntryError::Port {
+                entry: entry_owned(),
+            }),
         },
     }
 }
@@ -131,7 +209,7 @@ mod tests {
             ("dash example", "not a host name"),
             ("dash.example.com/x", "not a host name"),
         ] {
-            let error = allowed_host(entry).expect_err(entry);
+            let error = allowed_host(entry).expect_err(entry).to_string();
             assert!(error.contains(problem), "{entry}: {error}");
         }
     }
@@ -161,7 +239,7 @@ mod tests {
             ("https://dash.example.com:99999", "1 to 65535"),
             ("https://dash.example.com:", "1 to 65535"),
         ] {
-            let error = allowed_origin(entry).expect_err(entry);
+            let error = allowed_origin(entry).expect_err(entry).to_string();
             assert!(error.contains(problem), "{entry}: {error}");
         }
     }

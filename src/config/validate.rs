@@ -2,7 +2,6 @@
 //! turned into typed settings, each error naming the file and the field.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -15,7 +14,9 @@ use super::ray::{
 };
 use super::{
     Config, ModuleSpec, Rotation, ServerSettings, Supervision, TlsFiles, DEFAULT_BACKUP_COUNT,
-    DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_MAX_BYTES, MIN_HEADER_BYTES,
+    DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_HOST, DEFAULT_HTTP_RESPONSE_TIMEOUT, DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_WEBSOCKET_MESSAGE_BYTES,
+    DEFAULT_PORT, DEFAULT_SHUTDOWN_GRACE, DEFAULT_WORKER_THREADS, MIN_HEADER_BYTES,
 };
 use crate::cli::Cli;
 use crate::error::ConfigError;
@@ -48,7 +49,7 @@ impl Validator<'_> {
             &raw.module_defaults,
             &Supervision::default(),
         )?;
-        let max_header_bytes = s.max_header_bytes.unwrap_or(64 * 1024);
+        let max_header_bytes = s.max_header_bytes.unwrap_or(DEFAULT_MAX_HEADER_BYTES);
         if max_header_bytes < MIN_HEADER_BYTES {
             return Err(self.invalid(
                 "server.max_header_bytes",
@@ -56,18 +57,22 @@ impl Validator<'_> {
             ));
         }
         let server = ServerSettings {
-            max_request_body_bytes: s.max_request_body_bytes.unwrap_or(100 * 1024 * 1024),
+            max_request_body_bytes: s
+                .max_request_body_bytes
+                .unwrap_or(DEFAULT_MAX_REQUEST_BODY_BYTES),
             max_header_bytes,
-            max_websocket_message_bytes: s.max_websocket_message_bytes.unwrap_or(64 * 1024 * 1024),
+            max_websocket_message_bytes: s
+                .max_websocket_message_bytes
+                .unwrap_or(DEFAULT_MAX_WEBSOCKET_MESSAGE_BYTES),
             http_response_timeout: self.secs(
                 "server.http_response_timeout_secs",
                 s.http_response_timeout_secs,
-                Duration::from_secs(300),
+                DEFAULT_HTTP_RESPONSE_TIMEOUT,
             )?,
             shutdown_grace: self.secs(
                 "server.shutdown_grace_secs",
                 s.shutdown_grace_secs,
-                Duration::from_secs(10),
+                DEFAULT_SHUTDOWN_GRACE,
             )?,
             client_send_timeout: self.positive_secs(
                 "server.client_send_timeout_secs",
@@ -80,7 +85,7 @@ impl Validator<'_> {
                 DEFAULT_CLIENT_IDLE_TIMEOUT,
             )?,
             worker_threads: match s.worker_threads {
-                None => 1,
+                None => DEFAULT_WORKER_THREADS,
                 Some(0) => return Err(self.invalid("server.worker_threads", "must be at least 1")),
                 Some(n) => n,
             },
@@ -113,7 +118,8 @@ impl Validator<'_> {
             )?,
             url_prefix: {
                 let prefix = cli.url_prefix.clone().or(s.url_prefix).unwrap_or_default();
-                check_url_prefix(&prefix).map_err(|p| self.invalid("server.url_prefix", p))?;
+                check_url_prefix(&prefix)
+                    .map_err(|p| self.invalid("server.url_prefix", p.to_string()))?;
                 prefix
             },
         };
@@ -124,8 +130,8 @@ impl Validator<'_> {
                 .clone()
                 .or(s.session_dir)
                 .unwrap_or_else(|| PathBuf::from(crate::cli::DEFAULT_SESSION_DIR)),
-            host: cli.host.or(s.host).unwrap_or(IpAddr::from([127, 0, 0, 1])),
-            port: cli.port.or(s.port).unwrap_or(8265),
+            host: cli.host.or(s.host).unwrap_or(DEFAULT_HOST),
+            port: cli.port.or(s.port).unwrap_or(DEFAULT_PORT),
             server,
             modules: Vec::new(),
             module_defaults: defaults,
@@ -383,7 +389,7 @@ impl Validator<'_> {
         if route.kind == RouteKind::Websocket && method != Method::GET {
             return Err(self.invalid(format!("{rat}.method"), "a websocket route must be GET"));
         }
-        check_pattern(path).map_err(|p| self.invalid(format!("{rat}.path"), p))?;
+        check_pattern(path).map_err(|p| self.invalid(format!("{rat}.path"), p.to_string()))?;
         if let Some(host_path) = claims.host_paths.shadowed_by(route) {
             return Err(self.invalid(
                 format!("{rat}.path"),
@@ -407,15 +413,16 @@ impl Validator<'_> {
 
     /// Checks each entry of the list `field` with `check`, which gives the
     /// entry's normal form or its problem.
-    fn list(
+    fn list<E: std::fmt::Display>(
         &self,
         field: &str,
         entries: Option<Vec<String>>,
-        check: impl Fn(&str) -> Result<String, String>,
+        check: impl Fn(&str) -> Result<String, E>,
     ) -> Result<Vec<String>, ConfigError> {
         let mut checked: Vec<String> = Vec::new();
         for (i, entry) in entries.unwrap_or_default().iter().enumerate() {
-            let normal = check(entry).map_err(|p| self.invalid(format!("{field}[{i}]"), p))?;
+            let normal = check(entry)
+                .map_err(|problem| self.invalid(format!("{field}[{i}]"), problem.to_string()))?;
             if !checked.contains(&normal) {
                 checked.push(normal);
             }
@@ -646,64 +653,135 @@ pub(super) fn overlap_probe(pattern: &str, host: &str) -> String {
     probe.join("/")
 }
 
+/// Why a `server.url_prefix` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum UrlPrefixError {
+    /// It does not start with `/`.
+    #[error("{prefix:?} must start with '/'")]
+    NotAbsolute {
+        /// The prefix.
+        prefix: String,
+    },
+    /// It is `/` alone or ends with `/`.
+    #[error("{prefix:?} must not end with '/' (leave it unset to serve at /)")]
+    TrailingSlash {
+        /// The prefix.
+        prefix: String,
+    },
+    /// It has an empty segment.
+    #[error("{prefix:?} must not contain '//'")]
+    EmptySegment {
+        /// The prefix.
+        prefix: String,
+    },
+    /// It has a `.` or `..` segment.
+    #[error("{prefix:?} must not have '.' or '..' segments")]
+    DotSegment {
+        /// The prefix.
+        prefix: String,
+    },
+    /// It has a character that is not unreserved.
+    #[error(
+        "{prefix:?}: {c:?} is not allowed; only letters, digits, '-', '.', '_', '~' and '/' are"
+    )]
+    Character {
+        /// The prefix.
+        prefix: String,
+        /// The first character not allowed.
+        c: char,
+    },
+}
+
 /// Checks `server.url_prefix`: empty, or `/` then segments of unreserved
 /// characters (RFC 3986 §2.3), none empty, `.` or `..`, and no trailing
 /// `/`, so that it means one path however a client or proxy normalizes it.
-pub(super) fn check_url_prefix(prefix: &str) -> Result<(), String> {
+pub(super) fn check_url_prefix(prefix: &str) -> Result<(), UrlPrefixError> {
     if prefix.is_empty() {
         return Ok(());
     }
+    let owned = || prefix.to_owned();
     let Some(rest) = prefix.strip_prefix('/') else {
-        return Err(format!("{prefix:?} must start with '/'"));
+        return Err(UrlPrefixError::NotAbsolute { prefix: owned() });
     };
     if rest.is_empty() || rest.ends_with('/') {
-        return Err(format!(
-            "{prefix:?} must not end with '/' (leave it unset to serve at /)"
-        ));
+        return Err(UrlPrefixError::TrailingSlash { prefix: owned() });
     }
     for segment in rest.split('/') {
         if segment.is_empty() {
-            return Err(format!("{prefix:?} must not contain '//'"));
+            return Err(UrlPrefixError::EmptySegment { prefix: owned() });
         }
         if segment == "." || segment == ".." {
-            return Err(format!("{prefix:?} must not have '.' or '..' segments"));
+            return Err(UrlPrefixError::DotSegment { prefix: owned() });
         }
         if let Some(c) = segment
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~')))
         {
-            return Err(format!(
-                "{prefix:?}: {c:?} is not allowed; only letters, digits, '-', '.', '_', '~' and '/' are"
-            ));
+            return Err(UrlPrefixError::Character { prefix: owned(), c });
         }
     }
     Ok(())
 }
 
+/// Why a route's path pattern is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum PatternError {
+    /// It does not start with `/`.
+    #[error("{path:?} must start with '/'")]
+    NotAbsolute {
+        /// The pattern.
+        path: String,
+    },
+    /// A segment opens a `{` it does not close at its end.
+    #[error("{path:?}: segment {segment:?} must be a whole {{name}}")]
+    Unclosed {
+        /// The pattern.
+        path: String,
+        /// The segment.
+        segment: String,
+    },
+    /// A parameter's name is empty or not an identifier.
+    #[error("{path:?}: parameter {segment:?} must be {{name}} with name [A-Za-z_][A-Za-z0-9_]* (regex parameters are not supported)")]
+    BadName {
+        /// The pattern.
+        path: String,
+        /// The segment.
+        segment: String,
+    },
+    /// A segment has a brace amid text.
+    #[error("{path:?}: segment {segment:?} mixes text and a parameter")]
+    Mixed {
+        /// The pattern.
+        path: String,
+        /// The segment.
+        segment: String,
+    },
+}
+
 /// Checks an aiohttp-style path pattern: absolute, `{name}` segments only.
-pub(super) fn check_pattern(path: &str) -> Result<(), String> {
+pub(super) fn check_pattern(path: &str) -> Result<(), PatternError> {
     if !path.starts_with('/') {
-        return Err(format!("{path:?} must start with '/'"));
+        return Err(PatternError::NotAbsolute {
+            path: path.to_owned(),
+        });
     }
     for segment in path.split('/') {
+        let at = || (path.to_owned(), segment.to_owned());
         if let Some(inner) = segment.strip_prefix('{') {
             let Some(name) = inner.strip_suffix('}') else {
-                return Err(format!(
-                    "{path:?}: segment {segment:?} must be a whole {{name}}"
-                ));
+                let (path, segment) = at();
+                return Err(PatternError::Unclosed { path, segment });
             };
             let valid = name.bytes().enumerate().all(|(i, b)| {
                 b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit())
             });
             if name.is_empty() || !valid {
-                return Err(format!(
-                    "{path:?}: parameter {segment:?} must be {{name}} with name [A-Za-z_][A-Za-z0-9_]* (regex parameters are not supported)"
-                ));
+                let (path, segment) = at();
+                return Err(PatternError::BadName { path, segment });
             }
         } else if segment.contains(['{', '}']) {
-            return Err(format!(
-                "{path:?}: segment {segment:?} mixes text and a parameter"
-            ));
+            let (path, segment) = at();
+            return Err(PatternError::Mixed { path, segment });
         }
     }
     Ok(())

@@ -66,6 +66,7 @@ use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use ray_dashd_contract::{Backoff, LockExt};
 use serde::Serialize;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -75,11 +76,9 @@ use super::module_stream::ModuleStream;
 use super::peer::PeerCheck;
 use crate::config::ConnectionLimits;
 
-/// First pause before connecting again when the module's listen backlog was
-/// full; it doubles up to [`CONNECT_RETRY_MAX_PAUSE`].
-const CONNECT_RETRY_FIRST_PAUSE: Duration = Duration::from_millis(1);
-/// Longest pause between two connects to a full backlog.
-const CONNECT_RETRY_MAX_PAUSE: Duration = Duration::from_millis(32);
+/// The pauses before connecting again when the module's listen backlog
+/// was full: 1 ms first, doubling up to 32 ms between two connects.
+const CONNECT_RETRY: Backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(32));
 /// How long a connect refused with EAGAIN is tried again. An event loop
 /// takes everything pending in its backlog each time it comes round (asyncio
 /// up to the backlog's length at once), so a backlog stays full only while
@@ -205,7 +204,7 @@ impl Inner {
     /// The pool's state (a panic elsewhere while it was held leaves it as
     /// it is: each idle connection is checked before use).
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Gives a connection or a slot to the oldest request still waiting;
@@ -250,7 +249,7 @@ impl Slot {
 
     /// Gives the slot back now, though whatever holds it lives on; once.
     fn let_go(&self) {
-        let pool = std::mem::take(&mut *self.pool.lock().unwrap_or_else(|e| e.into_inner()));
+        let pool = std::mem::take(&mut *self.pool.locked());
         if let Some(inner) = pool.upgrade() {
             inner.hand_on(Grant::Slot(Slot::new(pool)));
         }
@@ -258,7 +257,7 @@ impl Slot {
 
     /// Counted off already: dropping it does nothing.
     fn forget(self) {
-        *self.pool.lock().unwrap_or_else(|e| e.into_inner()) = Weak::new();
+        *self.pool.locked() = Weak::new();
     }
 }
 
@@ -551,7 +550,7 @@ impl ModulePool {
     /// higher, or a module that sets a shorter backlog. A request whose
     /// incarnation fails meanwhile is dropped, and its retries with it.
     async fn connect_stream(&self) -> io::Result<ModuleStream> {
-        let mut pause = CONNECT_RETRY_FIRST_PAUSE;
+        let mut pauses = CONNECT_RETRY;
         let mut waited = Duration::ZERO;
         loop {
             match ModuleStream::connect(&self.inner.socket).await {
@@ -569,9 +568,9 @@ impl ModulePool {
                         waited_ms = waited.as_millis() as u64,
                         "module's listen backlog is full; connecting again"
                     );
+                    let pause = pauses.next_delay();
                     tokio::time::sleep(pause).await;
                     waited += pause;
-                    pause = (pause * 2).min(CONNECT_RETRY_MAX_PAUSE);
                 }
                 result => return result,
             }

@@ -4,6 +4,7 @@
 //! `DASHBOARD_METRIC_PORT` (see `crate::ray::metrics`) when Ray's modules
 //! are hosted.
 
+use ray_dashd_contract::LockExt;
 use std::sync::{Mutex, OnceLock};
 
 use http::StatusCode;
@@ -171,16 +172,12 @@ impl RayMetrics {
 
     /// Keeps what the sampler measured, for the scrapes until the next.
     pub fn set_sampled(&self, components: Vec<ComponentSample>, host: HostSample) {
-        *self.sampled.lock().unwrap_or_else(|e| e.into_inner()) = (components, host);
+        *self.sampled.locked() = (components, host);
     }
 
     /// Every series, in Prometheus text format.
     pub fn encode(&self) -> String {
-        let (components, host) = self
-            .sampled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let (components, host) = self.sampled.locked().clone();
         let mut sampled = Registry::with_prefix("ray");
         let cpu = Family::<ComponentLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         let rss_mb = Family::<ComponentLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();

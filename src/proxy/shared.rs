@@ -42,14 +42,14 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use http_body_util::BodyExt;
+use ray_dashd_contract::LockExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::headers::tokens;
-use super::{send, upstream_request};
+use super::{send, upstream_request, ProxyError, UpstreamFailure};
 use crate::config::ServerSettings;
 use crate::connection::Hold;
-use crate::error::ProxyError;
 use crate::supervisor::{ModuleHandle, NotReady};
 
 /// The largest answer kept; a larger one goes to the client that fetched it
@@ -203,7 +203,7 @@ enum Step {
 
 impl SharedAnswers {
     fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Slot>> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+        self.slots.locked()
     }
 
     /// Forgets every answer: the routes may have changed (a reload).
@@ -437,7 +437,7 @@ async fn fetch(
         .admit()
         .map_err(|NotReady { state, retry_after }| ProxyError::NotReady {
             module: module.name().to_owned(),
-            state: state.as_str(),
+            state,
             retry_after,
         })?;
     let mut parts = parts.clone();
@@ -478,10 +478,7 @@ async fn fetch(
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| ProxyError::Upstream {
                 module: module.name().to_owned(),
-                reason: format!(
-                    "the answer broke off: {}",
-                    crate::error::error_chain(e.as_ref())
-                ),
+                reason: UpstreamFailure::AnswerBroke(e.into()),
             })?;
             if let Ok(data) = frame.into_data() {
                 collected.extend_from_slice(&data);

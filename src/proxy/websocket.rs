@@ -10,10 +10,10 @@ use http::{header, HeaderValue, Request, StatusCode};
 use tracing::debug;
 
 use super::headers::tokens;
+use super::ProxyError;
 use super::{downstream_response, send, strip_hop_by_hop, upstream_request};
 use crate::config::ServerSettings;
 use crate::connection::Hold;
-use crate::error::ProxyError;
 use crate::supervisor::{Gate, ModuleHandle};
 
 /// Whether `request` asks for a websocket (RFC 6455 §4.1).

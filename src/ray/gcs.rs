@@ -7,6 +7,7 @@
 //! on the GCS, so a slow GCS or a blocked module cannot make a liveness probe
 //! of the head time out (ray#63574).
 
+use ray_dashd_contract::LockExt;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -51,6 +52,23 @@ const KV_KEYS: [&[u8]; 2] = [b"dashboard", b"webui:url"];
 /// writer) finds the dashboard's metrics port: Ray's dashboard head writes
 /// it in no namespace (its `_setup_metrics`).
 const METRICS_KV_KEY: &[u8] = b"DashboardMetricsAddress";
+
+/// Why a GCS client cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum GcsClientError {
+    /// The address is no URI authority.
+    #[error("GCS address {address:?}: {source}")]
+    Address {
+        /// The address given.
+        address: String,
+        /// The cause.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The token cannot go in a gRPC header.
+    #[error("the auth token is not a valid gRPC metadata value")]
+    Token,
+}
 
 /// A failed call to the GCS.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,19 +153,17 @@ impl GcsClient {
         address: &str,
         token: Option<&Token>,
         tls: Option<&RayTls>,
-    ) -> Result<GcsClient, String> {
+    ) -> Result<GcsClient, GcsClientError> {
         let scheme = ray_dashd_tls::scheme(tls);
         let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
-            .map_err(|e| format!("GCS address {address:?}: {e}"))?
+            .map_err(|source| GcsClientError::Address {
+                address: address.to_owned(),
+                source,
+            })?
             .connect_timeout(CHECK_TIMEOUT);
         let channel = endpoint.connect_with_connector_lazy(Connector::new(tls.cloned()));
         let bearer = match token {
-            Some(token) => Some(
-                token
-                    .bearer()
-                    .parse()
-                    .map_err(|_| "the auth token is not a valid gRPC metadata value".to_owned())?,
-            ),
+            Some(token) => Some(token.bearer().parse().map_err(|_| GcsClientError::Token)?),
             None => None,
         };
         Ok(GcsClient {
@@ -220,7 +236,7 @@ pub struct GcsStatus(Arc<Mutex<Health>>);
 #[derive(Debug, Clone, Default)]
 struct Health {
     /// When the latest check ended, and its outcome.
-    last: Option<(Instant, Result<(), String>)>,
+    last: Option<(Instant, Result<(), GcsError>)>,
     /// When a check last succeeded.
     last_alive: Option<Instant>,
     /// The cluster id, in hex, once the GCS has told it.
@@ -238,13 +254,13 @@ pub enum Liveness {
 
 impl GcsStatus {
     fn update(&self, f: impl FnOnce(&mut Health)) {
-        let mut health = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut health = self.0.locked();
         f(&mut health);
     }
 
     /// The GCS's liveness as of the latest check.
     pub fn liveness(&self) -> Liveness {
-        let health = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let health = self.0.locked().clone();
         let since = |at: Option<Instant>| match at {
             Some(at) => format!("last success {:.1} s ago", at.elapsed().as_secs_f64()),
             None => "no success yet".to_owned(),
@@ -267,11 +283,7 @@ impl GcsStatus {
 
     /// The cluster id in hex, once the GCS has answered.
     pub fn cluster_id(&self) -> Option<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .cluster_id
-            .clone()
+        self.0.locked().cluster_id.clone()
     }
 }
 
@@ -400,8 +412,8 @@ impl<G: Gcs> Watcher<G> {
                         // It answered: alive, but it will not talk to us.
                         last_alive = Some(now);
                     }
-                    let message = e.to_string();
-                    self.status.update(|h| h.last = Some((now, Err(message))));
+                    let failed = e.clone();
+                    self.status.update(|h| h.last = Some((now, Err(failed))));
                     let down_for = now - last_alive.unwrap_or(started);
                     if down_for >= self.gone_after {
                         let reason = format!(

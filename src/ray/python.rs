@@ -6,7 +6,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use ray_dashd_contract::proc;
@@ -38,14 +38,34 @@ enum Search {
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A candidate that was passed over, and why.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Tried {
     /// The program.
     pub program: String,
     /// Where it came from.
     pub source: PythonSource,
     /// Why it was passed over.
-    pub why: String,
+    pub why: Unfit,
+}
+
+/// Why a candidate Python cannot run Ray's modules.
+#[derive(Debug, thiserror::Error)]
+pub enum Unfit {
+    /// It could not be started.
+    #[error("cannot run it: {0}")]
+    CannotRun(#[source] std::io::Error),
+    /// It runs, and finds no `ray` package.
+    #[error("no ray")]
+    NoRay,
+    /// It failed otherwise.
+    #[error("it failed ({0})")]
+    Failed(ExitStatus),
+    /// It did not answer within [`PROBE_TIMEOUT`].
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+    /// Waiting for it failed.
+    #[error("cannot wait for it: {0}")]
+    Wait(#[source] std::io::Error),
 }
 
 /// The first Python of [`SEARCH`] that can import Ray, for the head whose
@@ -110,7 +130,7 @@ pub const NAME_IT: &str = "name the Python that has ray[default] with --ray-pyth
 
 /// Whether `program` runs and finds the `ray` package (without importing
 /// it: that takes seconds, and the zygote does it next anyway).
-fn has_ray(program: &str) -> Result<(), String> {
+fn has_ray(program: &str) -> Result<(), Unfit> {
     let mut child = Command::new(program)
         .args([
             "-c",
@@ -120,22 +140,22 @@ fn has_ray(program: &str) -> Result<(), String> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| format!("cannot run it: {e}"))?;
+        .map_err(Unfit::CannotRun)?;
     let deadline = Instant::now() + PROBE_TIMEOUT;
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) if status.code() == Some(3) => return Err("no ray".to_owned()),
-            Ok(Some(status)) => return Err(format!("it failed ({status})")),
+            Ok(Some(status)) if status.code() == Some(3) => return Err(Unfit::NoRay),
+            Ok(Some(status)) => return Err(Unfit::Failed(status)),
             Ok(None) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(10));
             }
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("no answer within {PROBE_TIMEOUT:?}"));
+                return Err(Unfit::NoAnswer(PROBE_TIMEOUT));
             }
-            Err(e) => return Err(format!("cannot wait for it: {e}")),
+            Err(e) => return Err(Unfit::Wait(e)),
         }
     }
 }
@@ -292,7 +312,7 @@ mod tests {
         let tried = [Tried {
             program: "python3".to_owned(),
             source: PythonSource::Path,
-            why: "no ray".to_owned(),
+            why: Unfit::NoRay,
         }];
         let line = not_found(&tried);
         assert_eq!(

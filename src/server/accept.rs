@@ -23,6 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hyper::body::Incoming;
 use nix::errno::Errno;
+use ray_dashd_contract::Backoff;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -31,13 +32,11 @@ pub(crate) use crate::descriptors::OVERFLOW_CONNECTIONS;
 
 use super::Dispatch;
 
-/// First pause after an accept failed for want of descriptors or memory;
-/// it doubles up to [`ACCEPT_MAX_PAUSE`]. Short, because a descriptor
-/// frees up as soon as any connection closes.
-const ACCEPT_FIRST_PAUSE: Duration = Duration::from_millis(10);
-/// Longest pause between accepts while they keep failing: a connection
-/// waiting in the backlog is taken within a second of room appearing.
-const ACCEPT_MAX_PAUSE: Duration = Duration::from_secs(1);
+/// The pauses after accepts failed for want of descriptors or memory:
+/// 10 ms first, short because a descriptor frees up as soon as any
+/// connection closes; doubling up to a second, so that a connection waiting
+/// in the backlog is taken within a second of room appearing.
+const ACCEPT_PAUSES: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
 /// At most one warning per this, for failed accepts and for refused
 /// connections each; the rest are counted into the next warning. (At the
 /// old fixed pause of 50 ms, an exhausted descriptor table logged 20 lines
@@ -52,8 +51,8 @@ const HEALTH_PATH: &str = "/api/healthz";
 /// Pacing of accepts that fail.
 #[derive(Debug)]
 pub(crate) struct AcceptBackoff {
-    /// The pause after the next failure of the exhausting kind.
-    next: Duration,
+    /// The pauses after failures of the exhausting kind.
+    pauses: Backoff,
     /// Warnings, at most one per [`WARN_EVERY`].
     warnings: Throttle,
 }
@@ -61,7 +60,7 @@ pub(crate) struct AcceptBackoff {
 impl Default for AcceptBackoff {
     fn default() -> Self {
         AcceptBackoff {
-            next: ACCEPT_FIRST_PAUSE,
+            pauses: ACCEPT_PAUSES,
             warnings: Throttle::default(),
         }
     }
@@ -70,7 +69,7 @@ impl Default for AcceptBackoff {
 impl AcceptBackoff {
     /// An accept succeeded: the next failure pauses briefly again.
     pub(crate) fn succeeded(&mut self) {
-        self.next = ACCEPT_FIRST_PAUSE;
+        self.pauses.reset();
     }
 
     /// An accept failed with `error`; returns how long to wait before the
@@ -94,8 +93,7 @@ impl AcceptBackoff {
             debug!(%error, "accept failed for one connection");
             return Duration::ZERO;
         }
-        let pause = self.next;
-        self.next = (self.next * 2).min(ACCEPT_MAX_PAUSE);
+        let pause = self.pauses.next_delay();
         if let Some(failures) = self.warnings.tick() {
             warn!(
                 %error,
@@ -238,7 +236,7 @@ mod tests {
             .collect();
         assert_eq!(pauses, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
         backoff.succeeded();
-        assert_eq!(backoff.failed(&emfile()), ACCEPT_FIRST_PAUSE);
+        assert_eq!(backoff.failed(&emfile()), Duration::from_millis(10));
         let aborted = io::Error::from_raw_os_error(Errno::ECONNABORTED as i32);
         assert_eq!(backoff.failed(&aborted), Duration::ZERO);
     }

@@ -57,6 +57,7 @@ async fn metrics(State(state): State<AppState>, headers: http::HeaderMap) -> imp
             .map(|(report, in_flight)| crate::metrics::ModuleSample {
                 name: &report.name,
                 state: report.state.as_str(),
+                healthy: report.state == crate::supervisor::ModuleState::Healthy,
                 restarts: report.restarts,
                 health_rtt: report.last_health_rtt_us.map(Duration::from_micros),
                 in_flight: *in_flight,

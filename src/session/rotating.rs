@@ -9,6 +9,7 @@
 //! (see [`pump`]): a module's own file descriptor could not be moved to the
 //! new file.
 
+use ray_dashd_contract::LockExt;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
@@ -212,14 +213,14 @@ struct Running;
 
 impl Running {
     fn start() -> Running {
-        *PUMPS.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        *PUMPS.0.locked() += 1;
         Running
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        *PUMPS.0.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        *PUMPS.0.locked() -= 1;
         PUMPS.1.notify_all();
     }
 }
@@ -229,7 +230,7 @@ impl Drop for Running {
 /// final lines reach their files. A pump whose pipe a stray descendant
 /// still holds is not waited for past the bound.
 pub fn drain(within: Duration) {
-    let count = PUMPS.0.lock().unwrap_or_else(|e| e.into_inner());
+    let count = PUMPS.0.locked();
     let _ = PUMPS.1.wait_timeout_while(count, within, |n| *n > 0);
 }
 

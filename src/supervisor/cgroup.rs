@@ -19,6 +19,7 @@ use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use ray_dashd_contract::LockExt;
 use tracing::{debug, warn};
 
 /// The hidden flag that runs `ray-dashd` as the warden.
@@ -29,6 +30,55 @@ const EMPTY_POLL: Duration = Duration::from_millis(5);
 /// How long a killed cgroup may take to empty: SIGKILL is immediate, but a
 /// process in uninterruptible sleep (a hung NFS read) dies when it wakes.
 const EMPTY_WITHIN: Duration = Duration::from_secs(2);
+
+/// Why the host cannot put its modules in cgroups here.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unusable {
+    /// A `/proc` file that names the host's cgroup could not be read.
+    #[error("cannot read {file}: {source}")]
+    Read {
+        /// `/proc/self/mountinfo` or `/proc/self/cgroup`.
+        file: &'static str,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// No cgroup2 file system is mounted.
+    #[error("cgroup v2 is not mounted")]
+    NotMounted,
+    /// The host is in cgroup v1 hierarchies only.
+    #[error("not in a cgroup v2 (only v1 hierarchies in /proc/self/cgroup)")]
+    NotInV2,
+    /// The host's cgroup is outside the part of the hierarchy mounted.
+    #[error("cgroup {own} is not under the cgroup2 mount at {mount}")]
+    OutsideMount {
+        /// The cgroup, as `/proc/self/cgroup` names it.
+        own: String,
+        /// Where cgroup2 is mounted.
+        mount: String,
+    },
+    /// The host may not move processes between cgroups below its own.
+    #[error("{}/cgroup.procs is not writable: {source}", own.display())]
+    NotWritable {
+        /// The host's cgroup folder.
+        own: PathBuf,
+        /// The cause.
+        #[source]
+        source: rustix::io::Errno,
+    },
+    /// The host's module cgroup could not be made.
+    #[error("cannot make {}: {source}", dir.display())]
+    Create {
+        /// `<host's cgroup>/ray-dashd-<pid>`.
+        dir: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel cannot kill a cgroup whole.
+    #[error("the kernel has no cgroup.kill (Linux 5.14 or later)")]
+    NoKill,
+}
 
 /// The host's cgroup for its modules, and the warden watching over it.
 #[derive(Debug)]
@@ -45,12 +95,16 @@ pub(crate) struct Cgroups {
 impl Cgroups {
     /// Makes the host's module cgroup and starts its warden, or says why
     /// cgroups cannot be used here.
-    pub(crate) fn set_up() -> Result<Cgroups, String> {
+    pub(crate) fn set_up() -> Result<Cgroups, Unusable> {
         let own = own_cgroup()?;
         // Moving a process between two cgroups takes write access to the
         // `cgroup.procs` of their common ancestor: the host's own.
-        rustix::fs::access(own.join("cgroup.procs"), rustix::fs::Access::WRITE_OK)
-            .map_err(|e| format!("{}/cgroup.procs is not writable: {e}", own.display()))?;
+        rustix::fs::access(own.join("cgroup.procs"), rustix::fs::Access::WRITE_OK).map_err(
+            |source| Unusable::NotWritable {
+                own: own.clone(),
+                source,
+            },
+        )?;
         let base = own.join(format!("ray-dashd-{}", std::process::id()));
         match fs::create_dir(&base) {
             Ok(()) => {}
@@ -59,14 +113,16 @@ impl Cgroups {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 warn!(cgroup = %base.display(), "removing the cgroup a previous ray-dashd left");
                 kill_and_remove(&base, true);
-                fs::create_dir(&base)
-                    .map_err(|e| format!("cannot make {}: {e}", base.display()))?;
+                fs::create_dir(&base).map_err(|source| Unusable::Create {
+                    dir: base.clone(),
+                    source,
+                })?;
             }
-            Err(e) => return Err(format!("cannot make {}: {e}", base.display())),
+            Err(source) => return Err(Unusable::Create { dir: base, source }),
         }
         if !base.join("cgroup.kill").exists() {
             let _ = fs::remove_dir(&base);
-            return Err("the kernel has no cgroup.kill (Linux 5.14 or later)".into());
+            return Err(Unusable::NoKill);
         }
         // For modules' memory budgets (`memory.max`): possible only where
         // the host's own cgroup hands the memory controller down to this
@@ -133,11 +189,7 @@ impl Cgroups {
     /// them; then lets the warden go.
     pub(crate) fn remove_all(&self) {
         kill_and_remove(&self.base, false);
-        let lifeline = self
-            .lifeline
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let lifeline = self.lifeline.locked().take();
         drop(lifeline);
     }
 }
@@ -270,18 +322,25 @@ fn remove_tree(dir: &Path) -> io::Result<()> {
 }
 
 /// The folder of the host's own cgroup v2.
-fn own_cgroup() -> Result<PathBuf, String> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
-    let (root, mount) = cgroup2_mount(&mountinfo).ok_or("cgroup v2 is not mounted")?;
-    let cgroups = fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+fn own_cgroup() -> Result<PathBuf, Unusable> {
+    let mountinfo =
+        fs::read_to_string("/proc/self/mountinfo").map_err(|source| Unusable::Read {
+            file: "/proc/self/mountinfo",
+            source,
+        })?;
+    let (root, mount) = cgroup2_mount(&mountinfo).ok_or(Unusable::NotMounted)?;
+    let cgroups = fs::read_to_string("/proc/self/cgroup").map_err(|source| Unusable::Read {
+        file: "/proc/self/cgroup",
+        source,
+    })?;
     let own = cgroups
         .lines()
         .find_map(|line| line.strip_prefix("0::"))
-        .ok_or("not in a cgroup v2 (only v1 hierarchies in /proc/self/cgroup)")?;
-    cgroup_dir(&root, &mount, own)
-        .ok_or_else(|| format!("cgroup {own} is not under the cgroup2 mount at {mount}"))
+        .ok_or(Unusable::NotInV2)?;
+    cgroup_dir(&root, &mount, own).ok_or_else(|| Unusable::OutsideMount {
+        own: own.to_owned(),
+        mount,
+    })
 }
 
 /// The root and mount point of the first cgroup2 mount in `mountinfo`

@@ -38,6 +38,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 use ray_dashd_contract::names::{INCARNATION_VAR, MODULE_VAR};
 use ray_dashd_contract::proc;
+use ray_dashd_contract::LockExt;
 use rustix::process::{pidfd_open, pidfd_send_signal, PidfdFlags, Signal};
 use tracing::{debug, warn};
 
@@ -107,7 +108,7 @@ impl Descendants {
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+        self.registry.locked()
     }
 
     /// Runs `spawn` (the spawn of incarnation `incarnation` of `module`) and

@@ -17,6 +17,7 @@ use nix::unistd::Pid;
 use ray_dashd_contract::names::{
     CGROUP_VAR, INCARNATION_VAR, LOG_DIR_VAR, MODULE_VAR, SESSION_DIR_VAR, SOCKET_VAR,
 };
+use ray_dashd_contract::LockExt;
 use rustix::process::Rlimit;
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
@@ -137,7 +138,7 @@ fn launch(
             let _ = done.send(start());
         });
         {
-            let mut launcher = LAUNCHER.lock().unwrap_or_else(|e| e.into_inner());
+            let mut launcher = LAUNCHER.locked();
             let jobs = match &*launcher {
                 Some(jobs) => jobs.clone(),
                 None => {

@@ -50,6 +50,12 @@ impl ModuleState {
     }
 }
 
+impl std::fmt::Display for ModuleState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Lets requests through to one healthy incarnation.
 #[derive(Debug, Clone)]
 pub(crate) struct Gate {

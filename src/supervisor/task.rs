@@ -7,6 +7,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use ray_dashd_contract::Backoff;
 use tokio::sync::mpsc;
 // Tokio's clock, not std's: the same in production, and the one the
 // supervisor's tests pause and advance.
@@ -23,14 +24,13 @@ use crate::config::Supervision;
 use crate::connection::ModulePool;
 use crate::session::Session;
 
-/// First pause between startup probes; it doubles up to [`MAX_STARTUP_POLL`].
-/// A compiled module listens within a few milliseconds of its start (the
+/// The pauses between startup probes: 2 ms first, doubling up to 50 ms. A
+/// compiled module listens within a few milliseconds of its start (the
 /// test module in 1.5 ms), and a Python one takes a second or more: the
-/// first few probes come quickly, the rest at the cap.
-const FIRST_STARTUP_POLL: Duration = Duration::from_millis(2);
-/// Longest pause between startup probes: readiness is seen within this. A
-/// probe of a socket nobody listens on yet costs one failed connect.
-const MAX_STARTUP_POLL: Duration = Duration::from_millis(50);
+/// first few probes come quickly, the rest at the cap. Readiness is seen
+/// within the cap; a probe of a socket nobody listens on yet costs one
+/// failed connect.
+const STARTUP_POLLS: Backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(50));
 /// Lines of each log quoted when a module fails.
 const TAIL_LINES: usize = 10;
 /// The least time between two starts of a module, whatever the settings: a
@@ -216,7 +216,7 @@ impl<S: Spawner> ModuleTask<S> {
             };
             let rtt = match ready {
                 Ok(rtt) => rtt,
-                Err(reason) => break 'life End::Failed(reason),
+                Err(never) => break 'life End::Failed(never.to_string()),
             };
             let cancel = CancellationToken::new();
             ready_at = Some(Instant::now());
@@ -376,6 +376,17 @@ impl<S: Spawner> ModuleTask<S> {
     }
 }
 
+/// An incarnation that did not answer its health check with 200 within its
+/// `startup_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("not ready within {within:?}: {last}")]
+struct NeverReady {
+    /// The `startup_timeout` that passed.
+    within: Duration,
+    /// What the last probe found, and what the module last said.
+    last: String,
+}
+
 /// Probes `/api/healthz` until it answers 200, within `startup_timeout`.
 ///
 /// A module that answers 503 with `Retry-After` is alive and waiting for
@@ -392,9 +403,9 @@ async fn wait_ready(
     shared: &ModuleShared,
     incarnation: u32,
     pid: u32,
-) -> Result<Duration, String> {
+) -> Result<Duration, NeverReady> {
     let mut deadline = Instant::now() + sup.startup_timeout;
-    let mut pause = FIRST_STARTUP_POLL;
+    let mut pauses = STARTUP_POLLS;
     // The module's latest non-200 answer, and what a waiting module said last.
     let mut said: Option<String> = None;
     let mut waiting_for: Option<String> = None;
@@ -450,13 +461,12 @@ async fn wait_ready(
                 Some(said) if !failure.answered => format!("{failure}; it last said: {said}"),
                 _ => failure.reason,
             };
-            return Err(format!(
-                "not ready within {:?}: {last}",
-                sup.startup_timeout
-            ));
+            return Err(NeverReady {
+                within: sup.startup_timeout,
+                last,
+            });
         }
-        sleep(pause.min(left)).await;
-        pause = (pause * 2).min(MAX_STARTUP_POLL);
+        sleep(pauses.next_delay().min(left)).await;
     }
 }
 
@@ -466,11 +476,7 @@ pub(crate) fn backoff_delay(sup: &Supervision, failures: u32) -> Duration {
     if failures <= 1 {
         return Duration::ZERO;
     }
-    let factor = 1u32.checked_shl(failures - 2).unwrap_or(u32::MAX);
-    sup.backoff_initial
-        .checked_mul(factor)
-        .unwrap_or(sup.backoff_max)
-        .min(sup.backoff_max)
+    Backoff::new(sup.backoff_initial, sup.backoff_max).nth_delay(failures - 2)
 }
 
 /// The delay before the next incarnation after `failures` failures in a

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use ray_dashd_contract::proc;
 // Tokio's clock: the supervisor's tests pause and advance it.
+use ray_dashd_contract::LockExt;
 use tokio::time::Instant;
 
 use super::containment::containment;
@@ -96,15 +97,14 @@ fn owned_by(leader: u32) -> Vec<super::descendants::Proc> {
     type Look = Vec<(super::descendants::Proc, Option<u32>)>;
     static LAST: Mutex<Option<(std::time::Instant, Arc<Look>)>> = Mutex::new(None);
     let recent = {
-        let last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+        let last = LAST.locked();
         last.as_ref()
             .filter(|(at, _)| at.elapsed() < LOOK_REUSE)
             .map(|(_, look)| Arc::clone(look))
     };
     let look = recent.unwrap_or_else(|| {
         let look = Arc::new(containment().descendants.look());
-        *LAST.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((std::time::Instant::now(), Arc::clone(&look)));
+        *LAST.locked() = Some((std::time::Instant::now(), Arc::clone(&look)));
         look
     });
     look.iter()

@@ -1,5 +1,6 @@
 //! Command line of the client proxy module.
 
+use std::num::ParseIntError;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -90,29 +91,41 @@ impl std::fmt::Display for PortSource {
     }
 }
 
-fn parse_port_source(text: &str) -> Result<PortSource, String> {
+/// Why a `--port-range` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortRangeError {
+    /// It is not `FIRST-LAST`.
+    #[error("expected FIRST-LAST, as 23000-23999 (or auto)")]
+    Shape,
+    /// The first port is not a port number.
+    #[error("bad first port: {0} (or auto)")]
+    First(#[source] ParseIntError),
+    /// The last port is not a port number.
+    #[error("bad last port: {0} (or auto)")]
+    Last(#[source] ParseIntError),
+    /// The ports are no range: the first is 0 or after the last.
+    #[error("{first}-{last} is not a range of ports (or auto)")]
+    NotARange {
+        /// The first port.
+        first: u16,
+        /// The last port.
+        last: u16,
+    },
+}
+
+fn parse_port_source(text: &str) -> Result<PortSource, PortRangeError> {
     match text.trim() {
         "auto" | "0" => Ok(PortSource::Auto),
-        range => parse_range(range)
-            .map(PortSource::Range)
-            .map_err(|e| format!("{e} (or auto)")),
+        range => parse_range(range).map(PortSource::Range),
     }
 }
 
-fn parse_range(text: &str) -> Result<RangeInclusive<u16>, String> {
-    let (first, last) = text
-        .split_once('-')
-        .ok_or("expected FIRST-LAST, as 23000-23999")?;
-    let first: u16 = first
-        .trim()
-        .parse()
-        .map_err(|e| format!("bad first port: {e}"))?;
-    let last: u16 = last
-        .trim()
-        .parse()
-        .map_err(|e| format!("bad last port: {e}"))?;
+fn parse_range(text: &str) -> Result<RangeInclusive<u16>, PortRangeError> {
+    let (first, last) = text.split_once('-').ok_or(PortRangeError::Shape)?;
+    let first: u16 = first.trim().parse().map_err(PortRangeError::First)?;
+    let last: u16 = last.trim().parse().map_err(PortRangeError::Last)?;
     if first == 0 || first > last {
-        return Err(format!("{first}-{last} is not a range of ports"));
+        return Err(PortRangeError::NotARange { first, last });
     }
     Ok(first..=last)
 }
@@ -162,7 +175,9 @@ mod tests {
             parse_port_source("40000-40009").map(|s| s.to_string()),
             Ok("40000-40009".to_owned())
         );
-        let bad = parse_port_source("automatic").expect_err("not a source");
+        let bad = parse_port_source("automatic")
+            .expect_err("not a source")
+            .to_string();
         assert!(bad.contains("or auto"), "{bad}");
     }
 }

@@ -13,21 +13,29 @@ pub const UNAUTHENTICATED: &str = "Invalid or missing authentication token";
 /// does not show it and it is compared in constant time.
 pub use ray_dashd_contract::Token;
 
+/// Why the proxy cannot check tokens as `RAY_AUTH_MODE` asks: it will not
+/// serve unprotected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// A mode the proxy does not know.
+    #[error("RAY_AUTH_MODE={0:?} is not supported by the client proxy")]
+    UnsupportedMode(String),
+    /// Token mode, and no token where Ray looks for one.
+    #[error("RAY_AUTH_MODE=token, but no token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token")]
+    NotFound,
+}
+
 /// The token when `mode` (`RAY_AUTH_MODE`) asks for one; an error when it
 /// does and none is found, so that the proxy never serves unprotected.
 pub fn token(
     mode: Option<&str>,
     lookup: impl Fn(&str) -> Option<String>,
     read: impl Fn(&str) -> Option<String>,
-) -> Result<Option<Token>, String> {
+) -> Result<Option<Token>, TokenError> {
     match mode.map(str::trim) {
         None | Some("") | Some("disabled") => return Ok(None),
         Some("token") => {}
-        Some(other) => {
-            return Err(format!(
-                "RAY_AUTH_MODE={other:?} is not supported by the client proxy"
-            ))
-        }
+        Some(other) => return Err(TokenError::UnsupportedMode(other.to_owned())),
     }
     let from_file = |path: &str| {
         read(path)
@@ -42,11 +50,11 @@ pub fn token(
     found
         .and_then(|t| Token::new(&t))
         .map(Some)
-        .ok_or_else(|| "RAY_AUTH_MODE=token, but no token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token".into())
+        .ok_or(TokenError::NotFound)
 }
 
 /// [`token`] from the process environment and files.
-pub fn token_from_env() -> Result<Option<Token>, String> {
+pub fn token_from_env() -> Result<Option<Token>, TokenError> {
     token(
         std::env::var("RAY_AUTH_MODE").ok().as_deref(),
         |var| std::env::var(var).ok(),

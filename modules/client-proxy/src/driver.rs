@@ -18,6 +18,7 @@ use h2::client::SendRequest;
 use h2::{RecvStream, SendStream};
 use http_body::{Body as _, Frame};
 use http_body_util::BodyExt;
+use ray_dashd_contract::LockExt;
 use ray_dashd_tls::RayTls;
 use tonic::body::Body;
 use tracing::{debug, warn};
@@ -112,11 +113,7 @@ impl DriverChannel {
     /// A sender that is ready for a new stream, on the cached connection
     /// or, when that one has gone, on a new one.
     async fn ready_sender(&self) -> Result<SendRequest<Bytes>, DriverError> {
-        let cached = self
-            .sender
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let cached = self.sender.locked().clone();
         if let Some(sender) = cached {
             match sender.ready().await {
                 Ok(sender) => return Ok(sender),
@@ -126,7 +123,7 @@ impl DriverChannel {
             }
         }
         let sender = self.connect().await?;
-        *self.sender.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender.clone());
+        *self.sender.locked() = Some(sender.clone());
         Ok(sender.ready().await?)
     }
 

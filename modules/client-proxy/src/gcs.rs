@@ -24,6 +24,23 @@ const GCS_NOT_FOUND: i32 = 17;
 /// Bound on one GCS call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why a GCS client cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum GcsError {
+    /// The token has characters gRPC metadata cannot carry.
+    #[error("the auth token is not valid in gRPC metadata")]
+    BadToken,
+    /// The address is not `host:port`.
+    #[error("bad GCS address {address:?}: {source}")]
+    BadAddress {
+        /// The address.
+        address: String,
+        /// The cause.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
 /// A client of the GCS at one address.
 #[derive(Debug, Clone)]
 pub struct Gcs {
@@ -36,14 +53,21 @@ impl Gcs {
     /// A client of the GCS at `address` (`host:port`), with Ray's TLS when
     /// `tls` is given (the GCS's certificate checked against the address's
     /// host, as Ray's clients check it); connects on first use.
-    pub fn new(address: &str, token: Option<&Token>, tls: Option<&RayTls>) -> Result<Gcs, String> {
+    pub fn new(
+        address: &str,
+        token: Option<&Token>,
+        tls: Option<&RayTls>,
+    ) -> Result<Gcs, GcsError> {
         let bearer = token
             .map(|t| t.bearer().parse::<MetadataValue<Ascii>>())
             .transpose()
-            .map_err(|_| "the auth token is not valid in gRPC metadata".to_owned())?;
+            .map_err(|_| GcsError::BadToken)?;
         let scheme = ray_dashd_tls::scheme(tls);
         let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
-            .map_err(|e| format!("bad GCS address {address:?}: {e}"))?
+            .map_err(|source| GcsError::BadAddress {
+                address: address.to_owned(),
+                source,
+            })?
             .connect_timeout(Duration::from_secs(5))
             .timeout(CALL_TIMEOUT);
         Ok(Gcs {

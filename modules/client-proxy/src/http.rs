@@ -8,6 +8,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use ray_dashd_contract::LockExt;
 use serde_json::json;
 
 use crate::proxy::Proxy;
@@ -54,11 +55,7 @@ pub fn router(state: HttpState) -> Router {
 /// next try): the module is waiting for something a restart cannot change,
 /// so the host keeps it (`waiting`) instead of restarting it.
 async fn healthz(State(state): State<HttpState>) -> Response {
-    let listening = state
-        .listening
-        .lock()
-        .expect("UNWRAP: listening lock poisoned")
-        .clone();
+    let listening = state.listening.locked().clone();
     match listening {
         Listening::On(_) => "success".into_response(),
         Listening::Starting => (
@@ -80,11 +77,7 @@ async fn healthz(State(state): State<HttpState>) -> Response {
 }
 
 async fn clients(State(state): State<HttpState>) -> Json<serde_json::Value> {
-    let listening = state
-        .listening
-        .lock()
-        .expect("UNWRAP: listening lock poisoned")
-        .clone();
+    let listening = state.listening.locked().clone();
     let (listen, error) = match listening {
         Listening::On(addr) => (Some(addr.to_string()), None),
         Listening::Starting => (None, None),

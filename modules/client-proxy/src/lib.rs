@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use ray_dashd_contract::{Backoff, LockExt};
 use ray_dashd_sdk::ModuleEnv;
 use ray_dashd_tls::RayTls;
 use tokio_util::sync::CancellationToken;
@@ -55,14 +56,12 @@ use crate::proxy::{Proxy, Settings};
 use crate::runtime_env::RuntimeEnvs;
 use crate::servers::{Launcher, PidFile, PortPool, ServerCommand};
 
-/// First pause before another attempt to bind a client port that is taken
-/// (or otherwise refused); it doubles up to [`BIND_RETRY_MAX`]. A bind is
-/// one system call, but a port held by Ray's own proxier stays held for the
+/// The pauses before another attempt to bind a client port that is taken
+/// (or otherwise refused): 1 s first, doubling up to 30 s. A bind is one
+/// system call, but a port held by Ray's own proxier stays held for the
 /// life of the head: there is no point in asking every second for hours.
-const BIND_RETRY_FIRST: Duration = Duration::from_secs(1);
-/// Longest pause between two attempts to bind the client port: once the
-/// port is free, the proxy listens within this.
-const BIND_RETRY_MAX: Duration = Duration::from_secs(30);
+/// Once the port is free, the proxy listens within the cap.
+const BIND_RETRIES: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 
 /// The entry point of both `ray-dashd client-proxy` and
 /// `ray-dashd-client-proxy`: runs [`run`] on a runtime of one thread, until
@@ -117,7 +116,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(address) => info!(gcs = %address, "using the GCS"),
         None => warn!("no GCS known (--gcs-address, or a Ray session): KV calls before a client's server exists will fail"),
     }
-    let token = auth::token_from_env().map_err(anyhow::Error::msg)?;
+    let token = auth::token_from_env()?;
     if token.is_some() {
         info!("token authentication is on (RAY_AUTH_MODE=token)");
     }
@@ -130,11 +129,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "Ray's TLS is on (RAY_USE_TLS): clients, the GCS and the servers are reached with it"
         );
     }
+    // One line, as the TLS error's: the message names the cause.
     let gcs = gcs_address
         .as_deref()
         .map(|address| Gcs::new(address, token.as_ref(), tls.as_ref()))
         .transpose()
-        .map_err(anyhow::Error::msg)?;
+        .map_err(|e| anyhow::Error::msg(e.to_string()))?;
 
     let argv = if args.server_command.is_empty() {
         default_server_command(&args.python).await?
@@ -222,14 +222,14 @@ async fn serve_grpc(
     listening: Arc<Mutex<Listening>>,
     stop: CancellationToken,
 ) {
-    let set =
-        |state: Listening| *listening.lock().expect("UNWRAP: listening lock poisoned") = state;
-    let mut retry = BIND_RETRY_FIRST;
+    let set = |state: Listening| *listening.locked() = state;
+    let mut retries = BIND_RETRIES;
     let mut told: Option<String> = None;
     let listener = loop {
         match tokio::net::TcpListener::bind(&address).await {
             Ok(listener) => break listener,
             Err(e) => {
+                let retry = retries.next_delay();
                 let why = if e.kind() == std::io::ErrorKind::AddrInUse {
                     port_taken(&address, port)
                 } else {
@@ -251,7 +251,6 @@ async fn serve_grpc(
                     _ = tokio::time::sleep(retry) => {}
                     _ = stop.cancelled() => return,
                 }
-                retry = (retry * 2).min(BIND_RETRY_MAX);
             }
         }
     };

@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use ray_dashd_contract::LockExt;
 use ray_proto::rpc::InitRequest;
 use serde::Serialize;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::gcs::Gcs;
-use crate::runtime_env::{self, EnvHint, RuntimeEnvs};
+use crate::runtime_env::{self, EnvHint, RuntimeEnvError, RuntimeEnvs};
 use crate::servers::{self, Launcher, ServerError, SpecificServer};
 
 /// How the proxy behaves.
@@ -76,7 +77,7 @@ impl Client {
     }
 
     /// Waits up to `limit` for its server to be running.
-    pub async fn server(&self, limit: Duration) -> Result<Arc<SpecificServer>, String> {
+    pub async fn server(&self, limit: Duration) -> Result<Arc<SpecificServer>, NoServer> {
         if let Slot::Ready(server) = &*self.slot.borrow() {
             return Ok(server.clone());
         }
@@ -84,14 +85,14 @@ impl Client {
         let waited =
             tokio::time::timeout(limit, slot.wait_for(|s| !matches!(s, Slot::Starting))).await;
         match waited {
-            Err(_) => Err(format!(
-                "the Ray client server of client {} was not ready within {limit:?}",
-                self.id
-            )),
-            Ok(Err(_)) => Err("the proxy is shutting down".into()),
+            Err(_) => Err(NoServer::NotReadyWithin {
+                client: self.id.clone(),
+                limit,
+            }),
+            Ok(Err(_)) => Err(NoServer::ShuttingDown),
             Ok(Ok(slot)) => match &*slot {
                 Slot::Ready(server) => Ok(server.clone()),
-                Slot::Failed(why) => Err(why.clone()),
+                Slot::Failed(why) => Err(NoServer::Failed(why.clone())),
                 Slot::Starting => unreachable!("waited for a slot that is not Starting"),
             },
         }
@@ -123,7 +124,7 @@ impl Client {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ClientState> {
-        self.state.lock().expect("UNWRAP: client lock poisoned")
+        self.state.locked()
     }
 }
 
@@ -146,6 +147,42 @@ pub struct ClientView {
     pub server_port: Option<u16>,
     /// Why its server could not be had.
     pub error: Option<String>,
+}
+
+/// Why a client has no server to forward to.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NoServer {
+    /// Its server was not running within the wait.
+    #[error("the Ray client server of client {client} was not ready within {limit:?}")]
+    NotReadyWithin {
+        /// The client's `client_id`.
+        client: String,
+        /// The wait.
+        limit: Duration,
+    },
+    /// The proxy is shutting down.
+    #[error("the proxy is shutting down")]
+    ShuttingDown,
+    /// Its server could not be had: the words its slot keeps.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Why a server could not be started for a client.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// No port, or the server did not start.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// Its runtime env could not be prepared.
+    #[error(transparent)]
+    RuntimeEnv(#[from] RuntimeEnvError),
+    /// Its runtime env took longer than the wait for a server.
+    #[error("creating the runtime env took over {0:?}")]
+    RuntimeEnvTimeout(Duration),
+    /// The task starting it panicked or was cancelled.
+    #[error("starting the server failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
 }
 
 /// Why a client could not be registered or found.
@@ -206,7 +243,7 @@ impl Proxy {
     }
 
     fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Client>>> {
-        self.clients.lock().expect("UNWRAP: clients lock poisoned")
+        self.clients.locked()
     }
 
     /// How many clients the proxy holds (connected or within their grace).
@@ -257,12 +294,7 @@ impl Proxy {
 
     /// The process id of the spare server, when one is ready.
     pub fn spare_pid(&self) -> Option<u32> {
-        self.spare
-            .lock()
-            .expect("UNWRAP: spare lock poisoned")
-            .ready
-            .as_ref()
-            .map(|server| server.pid)
+        self.spare.locked().ready.as_ref().map(|server| server.pid)
     }
 
     /// Registers a new client; its server is `Starting` until [`Proxy::start_server`].
@@ -326,18 +358,18 @@ impl Proxy {
         self: &Arc<Self>,
         client: &Arc<Client>,
         init: InitRequest,
-    ) -> Result<Arc<SpecificServer>, String> {
+    ) -> Result<Arc<SpecificServer>, StartError> {
         let (proxy, owner) = (self.clone(), client.clone());
         tokio::spawn(async move { proxy.settle_server(&owner, &init).await })
             .await
-            .unwrap_or_else(|e| Err(format!("starting the server failed: {e}")))
+            .unwrap_or_else(|e| Err(StartError::Task(e)))
     }
 
     async fn settle_server(
         self: &Arc<Self>,
         client: &Arc<Client>,
         init: &InitRequest,
-    ) -> Result<Arc<SpecificServer>, String> {
+    ) -> Result<Arc<SpecificServer>, StartError> {
         client.lock().grace =
             Duration::from_secs(u64::try_from(init.reconnect_grace_period).unwrap_or(0));
         let result = self.server_for(init).await;
@@ -377,7 +409,7 @@ impl Proxy {
             }
             Err(why) => {
                 warn!(client_id = %client.id, error = %why, "no Ray client server for client");
-                client.slot.send_replace(Slot::Failed(why.clone()));
+                client.slot.send_replace(Slot::Failed(why.to_string()));
             }
         }
         self.refill_spare();
@@ -387,13 +419,13 @@ impl Proxy {
     async fn server_for(
         self: &Arc<Self>,
         init: &InitRequest,
-    ) -> Result<Arc<SpecificServer>, String> {
+    ) -> Result<Arc<SpecificServer>, StartError> {
         if runtime_env::hint(init) == EnvHint::Empty {
             if let Some(server) = self.take_spare() {
                 return Ok(server);
             }
         }
-        let port = self.launcher.ports().take().map_err(|e| e.to_string())?;
+        let port = self.launcher.ports().take()?;
         let context =
             match tokio::time::timeout(self.settings.server_wait, self.envs.context(init, port))
                 .await
@@ -401,19 +433,14 @@ impl Proxy {
                 Ok(Ok(context)) => context,
                 Ok(Err(why)) => {
                     self.launcher.ports().give_back(port);
-                    return Err(why);
+                    return Err(why.into());
                 }
                 Err(_) => {
                     self.launcher.ports().give_back(port);
-                    return Err(format!(
-                        "creating the runtime env took over {:?}",
-                        self.settings.server_wait
-                    ));
+                    return Err(StartError::RuntimeEnvTimeout(self.settings.server_wait));
                 }
             };
-        self.launch(port, &context, false)
-            .await
-            .map_err(|e| e.to_string())
+        Ok(self.launch(port, &context, false).await?)
     }
 
     /// Starts a server, trying again on another port when another process
@@ -446,7 +473,7 @@ impl Proxy {
     }
 
     fn take_spare(&self) -> Option<Arc<SpecificServer>> {
-        let mut spare = self.spare.lock().expect("UNWRAP: spare lock poisoned");
+        let mut spare = self.spare.locked();
         match spare.ready.take() {
             Some(server) if server.exit_status().is_none() => Some(server),
             _ => None,
@@ -459,7 +486,7 @@ impl Proxy {
             return;
         }
         {
-            let mut spare = self.spare.lock().expect("UNWRAP: spare lock poisoned");
+            let mut spare = self.spare.locked();
             let alive = spare
                 .ready
                 .as_ref()
@@ -477,7 +504,7 @@ impl Proxy {
                 Ok(port) => proxy.launch(port, &context, true).await,
                 Err(e) => Err(e),
             };
-            let mut spare = proxy.spare.lock().expect("UNWRAP: spare lock poisoned");
+            let mut spare = proxy.spare.locked();
             spare.starting = false;
             match started {
                 Ok(server) => {
@@ -495,8 +522,7 @@ impl Proxy {
                         let (proxy, server) = watcher;
                         server.exited().await;
                         let was_spare = {
-                            let mut spare =
-                                proxy.spare.lock().expect("UNWRAP: spare lock poisoned");
+                            let mut spare = proxy.spare.locked();
                             let same = spare
                                 .ready
                                 .as_ref()
@@ -525,11 +551,7 @@ impl Proxy {
                         let proxy = proxy.clone();
                         tokio::spawn(async move {
                             tokio::time::sleep(SPARE_RETRY).await;
-                            proxy
-                                .spare
-                                .lock()
-                                .expect("UNWRAP: spare lock poisoned")
-                                .failures = 0;
+                            proxy.spare.locked().failures = 0;
                             proxy.refill_spare();
                         });
                     }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use prost::Message;
+use ray_dashd_contract::Backoff;
 use ray_proto::rpc::{
     GetOrCreateRuntimeEnvReply, GetOrCreateRuntimeEnvRequest, InitRequest, RuntimeEnvConfig,
 };
@@ -31,9 +32,11 @@ const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
 /// `AgentRpcStatus` values.
 const AGENT_OK: i32 = 0;
 const AGENT_FAILED: i32 = 1;
-/// Attempts at the agent when it cannot be reached, and the first pause.
+/// Attempts at the agent when it cannot be reached.
 const AGENT_ATTEMPTS: u32 = 6;
-const AGENT_FIRST_PAUSE: Duration = Duration::from_millis(500);
+/// The pauses between those attempts: 500 ms first, doubling; the fifth and
+/// last is 8 s.
+const AGENT_PAUSES: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(8));
 
 /// What the init's JSON kwargs say about the runtime env.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +71,82 @@ pub fn empty_context(python: &str) -> String {
         "java_jars": [],
     })
     .to_string()
+}
+
+/// Why a client's runtime env could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeEnvError {
+    /// The helper that reads the JobConfig could not be started.
+    #[error("cannot run {python} to read the JobConfig: {source}")]
+    RunHelper {
+        /// The Python.
+        python: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pickled JobConfig could not be written to the helper.
+    #[error("cannot feed the JobConfig helper: {0}")]
+    FeedHelper(#[source] std::io::Error),
+    /// Waiting for the helper failed.
+    #[error("the JobConfig helper failed: {0}")]
+    WaitHelper(#[source] std::io::Error),
+    /// The helper did not finish in time.
+    #[error("the JobConfig helper took over {0:?}")]
+    HelperTimeout(Duration),
+    /// The helper failed: the last line of its stderr.
+    #[error("reading the client's JobConfig failed ({status}): {last_line}")]
+    HelperFailed {
+        /// How it ended.
+        status: std::process::ExitStatus,
+        /// The last line of its stderr.
+        last_line: String,
+    },
+    /// The helper printed something else than its JSON.
+    #[error("the JobConfig helper printed bad JSON: {0}")]
+    HelperJson(#[source] serde_json::Error),
+    /// The helper's `RuntimeEnvConfig` is not base64.
+    #[error("the JobConfig helper printed bad base64: {0}")]
+    HelperBase64(#[source] base64::DecodeError),
+    /// The helper's `RuntimeEnvConfig` is not one.
+    #[error("the JobConfig helper printed a bad RuntimeEnvConfig: {0}")]
+    HelperConfig(#[source] prost::DecodeError),
+    /// No agent was named and there is no GCS to ask.
+    #[error("no runtime env agent address and no GCS to ask for it")]
+    NoAgent,
+    /// The GCS did not say where the head's agent is.
+    #[error("cannot find the runtime env agent through the GCS: {}", .0.message())]
+    FindAgent(tonic::Status),
+    /// The agent refused the request (the token, say).
+    #[error("the runtime env agent refused the request ({status}): {text}")]
+    AgentRefused {
+        /// Its status.
+        status: http::StatusCode,
+        /// Its answer's text.
+        text: String,
+    },
+    /// The agent's answer could not be read.
+    #[error("reading the runtime env agent's answer: {0}")]
+    AgentAnswer(#[source] reqwest::Error),
+    /// The agent's answer is not its protobuf.
+    #[error("the runtime env agent answered bad protobuf: {0}")]
+    AgentProtobuf(#[source] prost::DecodeError),
+    /// The agent could not create the env: its words.
+    #[error("the runtime env could not be created:\n{0}")]
+    NotCreated(String),
+    /// The agent answered a status it has no such value for.
+    #[error("the runtime env agent answered unknown status {0}")]
+    AgentStatus(i32),
+    /// Every attempt at the agent failed.
+    #[error("the runtime env agent at {url} failed {attempts} times; last: {last}")]
+    AgentFailed {
+        /// The agent's URL.
+        url: String,
+        /// The attempts made.
+        attempts: u32,
+        /// What the last one got.
+        last: String,
+    },
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,7 +191,7 @@ impl RuntimeEnvs {
     }
 
     /// The context for a server on `port` whose client sent `init`.
-    pub async fn context(&self, init: &InitRequest, port: u16) -> Result<String, String> {
+    pub async fn context(&self, init: &InitRequest, port: u16) -> Result<String, RuntimeEnvError> {
         if hint(init) == EnvHint::Empty {
             return Ok(empty_context(&self.python));
         }
@@ -122,9 +201,9 @@ impl RuntimeEnvs {
         }
         let config_bytes = base64::engine::general_purpose::STANDARD
             .decode(&read.runtime_env_config)
-            .map_err(|e| format!("the JobConfig helper printed bad base64: {e}"))?;
+            .map_err(RuntimeEnvError::HelperBase64)?;
         let config = RuntimeEnvConfig::decode(config_bytes.as_slice())
-            .map_err(|e| format!("the JobConfig helper printed a bad RuntimeEnvConfig: {e}"))?;
+            .map_err(RuntimeEnvError::HelperConfig)?;
         info!(port, runtime_env = %read.serialized_runtime_env, "creating the runtime env of a Ray client server");
         let request = GetOrCreateRuntimeEnvRequest {
             serialized_runtime_env: read.serialized_runtime_env,
@@ -135,7 +214,7 @@ impl RuntimeEnvs {
         self.create(request).await
     }
 
-    async fn read_job_config(&self, pickled: &[u8]) -> Result<HelperOutput, String> {
+    async fn read_job_config(&self, pickled: &[u8]) -> Result<HelperOutput, RuntimeEnvError> {
         let mut child = Command::new(&self.python)
             .arg("-c")
             .arg(JOB_CONFIG_HELPER)
@@ -144,7 +223,10 @@ impl RuntimeEnvs {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot run {} to read the JobConfig: {e}", self.python))?;
+            .map_err(|source| RuntimeEnvError::RunHelper {
+                python: self.python.clone(),
+                source,
+            })?;
         let mut stdin = child.stdin.take().expect("UNWRAP: stdin is piped");
         let pickled = pickled.to_vec();
         let feed = async move {
@@ -153,46 +235,41 @@ impl RuntimeEnvs {
         };
         let run = async {
             let (fed, output) = tokio::join!(feed, child.wait_with_output());
-            fed.map_err(|e| format!("cannot feed the JobConfig helper: {e}"))?;
-            output.map_err(|e| format!("the JobConfig helper failed: {e}"))
+            fed.map_err(RuntimeEnvError::FeedHelper)?;
+            output.map_err(RuntimeEnvError::WaitHelper)
         };
         let output = tokio::time::timeout(HELPER_TIMEOUT, run)
             .await
-            .map_err(|_| format!("the JobConfig helper took over {HELPER_TIMEOUT:?}"))??;
+            .map_err(|_| RuntimeEnvError::HelperTimeout(HELPER_TIMEOUT))??;
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
-            let last = stderr.lines().last().unwrap_or("");
-            return Err(format!(
-                "reading the client's JobConfig failed ({}): {last}",
-                output.status
-            ));
+            return Err(RuntimeEnvError::HelperFailed {
+                status: output.status,
+                last_line: stderr.lines().last().unwrap_or("").to_owned(),
+            });
         }
-        serde_json::from_slice(&output.stdout)
-            .map_err(|e| format!("the JobConfig helper printed bad JSON: {e}"))
+        serde_json::from_slice(&output.stdout).map_err(RuntimeEnvError::HelperJson)
     }
 
-    async fn agent(&self) -> Result<&str, String> {
+    async fn agent(&self) -> Result<&str, RuntimeEnvError> {
         self.agent
             .get_or_try_init(|| async {
-                let gcs = self
-                    .gcs
-                    .as_ref()
-                    .ok_or("no runtime env agent address and no GCS to ask for it")?;
-                gcs.head_runtime_env_agent().await.map_err(|e| {
-                    format!(
-                        "cannot find the runtime env agent through the GCS: {}",
-                        e.message()
-                    )
-                })
+                let gcs = self.gcs.as_ref().ok_or(RuntimeEnvError::NoAgent)?;
+                gcs.head_runtime_env_agent()
+                    .await
+                    .map_err(RuntimeEnvError::FindAgent)
             })
             .await
             .map(String::as_str)
     }
 
-    async fn create(&self, request: GetOrCreateRuntimeEnvRequest) -> Result<String, String> {
+    async fn create(
+        &self,
+        request: GetOrCreateRuntimeEnvRequest,
+    ) -> Result<String, RuntimeEnvError> {
         let url = format!("{}/get_or_create_runtime_env", self.agent().await?);
         let body = request.encode_to_vec();
-        let mut pause = AGENT_FIRST_PAUSE;
+        let mut pauses = AGENT_PAUSES;
         let mut last_error = String::new();
         for attempt in 1..=AGENT_ATTEMPTS {
             let mut post = self
@@ -209,18 +286,13 @@ impl RuntimeEnvs {
                     let bytes = response
                         .bytes()
                         .await
-                        .map_err(|e| format!("reading the runtime env agent's answer: {e}"))?;
+                        .map_err(RuntimeEnvError::AgentAnswer)?;
                     let reply = GetOrCreateRuntimeEnvReply::decode(bytes.as_ref())
-                        .map_err(|e| format!("the runtime env agent answered bad protobuf: {e}"))?;
+                        .map_err(RuntimeEnvError::AgentProtobuf)?;
                     return match reply.status {
                         AGENT_OK => Ok(reply.serialized_runtime_env_context),
-                        AGENT_FAILED => Err(format!(
-                            "the runtime env could not be created:\n{}",
-                            reply.error_message
-                        )),
-                        other => Err(format!(
-                            "the runtime env agent answered unknown status {other}"
-                        )),
+                        AGENT_FAILED => Err(RuntimeEnvError::NotCreated(reply.error_message)),
+                        other => Err(RuntimeEnvError::AgentStatus(other)),
                     };
                 }
                 Ok(response) => {
@@ -229,9 +301,7 @@ impl RuntimeEnvs {
                     if status == http::StatusCode::UNAUTHORIZED
                         || status == http::StatusCode::FORBIDDEN
                     {
-                        return Err(format!(
-                            "the runtime env agent refused the request ({status}): {text}"
-                        ));
+                        return Err(RuntimeEnvError::AgentRefused { status, text });
                     }
                     last_error = format!("HTTP {status}: {text}");
                 }
@@ -239,13 +309,14 @@ impl RuntimeEnvs {
             }
             if attempt < AGENT_ATTEMPTS {
                 warn!(attempt, error = %last_error, "runtime env agent request failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause *= 2;
+                tokio::time::sleep(pauses.next_delay()).await;
             }
         }
-        Err(format!(
-            "the runtime env agent at {url} failed {AGENT_ATTEMPTS} times; last: {last_error}"
-        ))
+        Err(RuntimeEnvError::AgentFailed {
+            url,
+            attempts: AGENT_ATTEMPTS,
+            last: last_error,
+        })
     }
 }
 

@@ -1,5 +1,6 @@
 //! What ray-dashd (the host), its modules, its helper processes and the
-//! bench agree on, written once: a small crate of plain functions, without
+//! bench agree on, and the small policies they share (a retry's backoff, a
+//! poisoned lock), written once: a small crate of plain functions, without
 //! an async runtime, that every side can depend on without pulling in
 //! another's.
 //!
@@ -12,10 +13,16 @@
 //! - [`proc`]: reading `/proc`: a process's `stat` line, the pids, command
 //!   lines and `status` values.
 //! - [`token`]: the cluster's token, compared in constant time.
+//! - [`backoff`]: the one retry delay, doubling up to a cap.
+//! - [`lock`]: the one policy for a poisoned lock (take the data anyway).
 
+pub mod backoff;
 pub mod child;
+pub mod lock;
 pub mod names;
 pub mod proc;
 pub mod token;
 
+pub use backoff::Backoff;
+pub use lock::{LockExt, RwLockExt};
 pub use token::Token;

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
+use ray_dashd_contract::LockExt;
 use ray_proto::rpc::raylet_data_streamer_server::{RayletDataStreamer, RayletDataStreamerServer};
 use ray_proto::rpc::raylet_driver_server::{RayletDriver, RayletDriverServer};
 use ray_proto::rpc::raylet_log_streamer_server::{RayletLogStreamer, RayletLogStreamerServer};
@@ -82,7 +83,7 @@ impl RayletDriver for Shared {
             "pid": std::process::id(),
             "context": self.context,
             "metadata": metadata_json(request.metadata()),
-            "datapath_streams": *self.streams.lock().expect("lock"),
+            "datapath_streams": *self.streams.locked(),
         });
         Ok(Response::new(ClusterInfoResponse {
             r#type: request.get_ref().r#type,
@@ -95,12 +96,7 @@ impl RayletDriver for Shared {
         request: Request<KvPutRequest>,
     ) -> Result<Response<KvPutResponse>, Status> {
         let r = request.into_inner();
-        let already_exists = self
-            .kv
-            .lock()
-            .expect("lock")
-            .insert(r.key, r.value)
-            .is_some();
+        let already_exists = self.kv.locked().insert(r.key, r.value).is_some();
         Ok(Response::new(KvPutResponse { already_exists }))
     }
 
@@ -108,12 +104,7 @@ impl RayletDriver for Shared {
         &self,
         request: Request<KvGetRequest>,
     ) -> Result<Response<KvGetResponse>, Status> {
-        let value = self
-            .kv
-            .lock()
-            .expect("lock")
-            .get(&request.get_ref().key)
-            .cloned();
+        let value = self.kv.locked().get(&request.get_ref().key).cloned();
         Ok(Response::new(KvGetResponse { value }))
     }
 
@@ -154,10 +145,7 @@ impl Fake {
             }
             data_request::Type::Put(put) => {
                 let id = format!("obj-{}-{}", self.port, request.req_id).into_bytes();
-                self.objects
-                    .lock()
-                    .expect("lock")
-                    .insert(id.clone(), put.data);
+                self.objects.locked().insert(id.clone(), put.data);
                 data_response::Type::Put(PutResponse {
                     id,
                     valid: true,
@@ -168,7 +156,7 @@ impl Fake {
                 let data = get
                     .ids
                     .first()
-                    .and_then(|id| self.objects.lock().expect("lock").get(id).cloned());
+                    .and_then(|id| self.objects.locked().get(id).cloned());
                 data_response::Type::Get(GetResponse {
                     valid: data.is_some(),
                     data: data.unwrap_or_default(),
@@ -195,8 +183,7 @@ impl RayletDataStreamer for Shared {
         request: Request<Streaming<DataRequest>>,
     ) -> Result<Response<Answers<DataResponse>>, Status> {
         self.streams
-            .lock()
-            .expect("lock")
+            .locked()
             .push(metadata_json(request.metadata()));
         let fake = self.0.clone();
         let answers = request
@@ -258,7 +245,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let fake = fake.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(idle_secs)).await;
-            if fake.streams.lock().expect("lock").is_empty() {
+            if fake.streams.locked().is_empty() {
                 eprintln!("fake client server: no client within {idle_secs} s; exiting");
                 std::process::exit(0);
             }

@@ -39,6 +39,18 @@ pub(crate) struct Args {
 #[derive(Debug)]
 pub(crate) struct BadArgs(String);
 
+/// Why the zygote's socket cannot be found: the module's own socket, which
+/// it is beside, is not named as the host names it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoSocket {
+    /// The host's variable is not set.
+    #[error("{var} is not set (the shim is meant to be started by ray-dashd)", var = SOCKET_VAR)]
+    Unset,
+    /// The variable names no folder.
+    #[error("{var} has no folder", var = SOCKET_VAR)]
+    NoFolder,
+}
+
 impl std::fmt::Display for BadArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
@@ -97,14 +109,12 @@ impl Args {
     }
 
     /// The zygote's fork socket, beside the module's own socket.
-    pub(crate) fn zygote_socket(&self) -> Result<PathBuf, String> {
-        let own = std::env::var_os(SOCKET_VAR).ok_or_else(|| {
-            format!("{SOCKET_VAR} is not set (the shim is meant to be started by ray-dashd)")
-        })?;
+    pub(crate) fn zygote_socket(&self) -> Result<PathBuf, NoSocket> {
+        let own = std::env::var_os(SOCKET_VAR).ok_or(NoSocket::Unset)?;
         let dir = PathBuf::from(own)
             .parent()
             .map(PathBuf::from)
-            .ok_or_else(|| format!("{SOCKET_VAR} has no folder"))?;
+            .ok_or(NoSocket::NoFolder)?;
         Ok(dir.join(fork_socket_name(&self.zygote)))
     }
 

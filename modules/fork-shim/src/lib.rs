@@ -95,7 +95,7 @@ pub fn main(argv: impl IntoIterator<Item = std::ffi::OsString>) -> ! {
             finish(&mask, status)
         }
         Ok(Started::Stopped(signal)) => die_by(&mask, signal),
-        Err(reason) => fall_back(&args, &mask, &reason),
+        Err(reason) => fall_back(&args, &mask, &reason.to_string()),
     }
 }
 

@@ -1,9 +1,11 @@
 //! The shim's side of the zygote protocol (see `modules/ray/zygote.py`):
 //! SOCK_SEQPACKET, one JSON object per message.
 
+use std::ffi::OsString;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::time::Instant;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -16,7 +18,7 @@ use nix::sys::socket::{
 use nix::unistd::{getpgrp, Pid};
 use serde::Deserialize;
 
-use crate::args::Args;
+use crate::args::{Args, NoSocket};
 use crate::raw;
 
 /// The protocol version both sides speak.
@@ -46,6 +48,116 @@ struct Message {
     exit: Option<i32>,
 }
 
+/// Why the zygote did not fork the module: the shim runs it standalone.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoFork {
+    /// The zygote's socket cannot be found.
+    #[error(transparent)]
+    Socket(#[from] NoSocket),
+    /// The socket's path does not fit in a Unix address.
+    #[error("bad socket path {}: {source}", path.display())]
+    BadPath {
+        /// The zygote's socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: Errno,
+    },
+    /// No socket could be made to connect with.
+    #[error("cannot make a socket: {0}")]
+    MakeSocket(#[source] Errno),
+    /// Nothing listened at the socket for the whole wait.
+    #[error("no zygote at {} ({source}) within {within:?}", path.display())]
+    NotListening {
+        /// The zygote's socket.
+        path: PathBuf,
+        /// The last connect's failure.
+        #[source]
+        source: Errno,
+        /// The wait (`--wait`).
+        within: Duration,
+    },
+    /// The connect failed otherwise.
+    #[error("cannot reach the zygote at {}: {source}", path.display())]
+    Connect {
+        /// The zygote's socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: Errno,
+    },
+    /// An environment variable cannot be sent (the protocol is JSON).
+    #[error("the environment variable {0:?} is not UTF-8")]
+    NonUtf8Var(OsString),
+    /// The current folder cannot be read.
+    #[error("no current folder: {0}")]
+    NoCwd(#[source] std::io::Error),
+    /// The current folder cannot be sent (the protocol is JSON).
+    #[error("the current folder {} is not UTF-8", .0.display())]
+    NonUtf8Cwd(PathBuf),
+    /// The request could not be encoded.
+    #[error("cannot encode the request: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// The lifeline's socket pair could not be made.
+    #[error("cannot make the lifeline: {0}")]
+    Lifeline(#[source] Errno),
+    /// The request could not be sent.
+    #[error("cannot send the request to {}: {source}", path.display())]
+    Send {
+        /// The zygote's socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: Errno,
+    },
+    /// The zygote did not answer in time (`--reply-timeout`).
+    #[error("the zygote at {} did not answer within {within:?}", path.display())]
+    NoAnswerWithin {
+        /// The zygote's socket.
+        path: PathBuf,
+        /// The time it had.
+        within: Duration,
+    },
+    /// Waiting for its answer failed.
+    #[error("waiting for the zygote: {0}")]
+    Wait(#[source] Errno),
+    /// It will not fork the module, and says why.
+    #[error("the zygote refused: {0}")]
+    Refused(String),
+    /// It sent a child's exit before forking one.
+    #[error("the zygote sent an exit ({0}) first")]
+    ExitFirst(i32),
+    /// Its answer could not be read.
+    #[error("the zygote did not answer: {0}")]
+    NoReply(#[source] BadReply),
+}
+
+/// Why a message from the zygote could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BadReply {
+    /// Reading from its connection failed.
+    #[error(transparent)]
+    Recv(Errno),
+    /// It closed its connection.
+    #[error("it closed the connection")]
+    Closed,
+    /// The message is not JSON of the protocol's shape.
+    #[error("unreadable message {text:?}: {source}")]
+    Unreadable {
+        /// The message.
+        text: String,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The message has none or more than one of its fields.
+    #[error("unreadable message {text:?}: expected exactly one of pid, error, exit")]
+    NotOneField {
+        /// The message.
+        text: String,
+    },
+}
+
 /// How asking the zygote turned out, when it did not fail.
 #[derive(Debug)]
 pub(crate) enum Started {
@@ -64,7 +176,7 @@ pub(crate) enum Started {
 
 /// Asks the zygote to fork the module. `Err` says why the shim must run the
 /// module standalone instead.
-pub(crate) fn start(args: &Args, signals: &SignalFd) -> Result<Started, String> {
+pub(crate) fn start(args: &Args, signals: &SignalFd) -> Result<Started, NoFork> {
     let path = args.zygote_socket()?;
     let conn = match connect_retrying(&path, args, signals)? {
         Connected::Yes(conn) => conn,
@@ -77,7 +189,7 @@ pub(crate) fn start(args: &Args, signals: &SignalFd) -> Result<Started, String> 
         None,
         SockFlag::SOCK_CLOEXEC,
     )
-    .map_err(|e| format!("cannot make the lifeline: {e}"))?;
+    .map_err(NoFork::Lifeline)?;
     let fds = [0, 1, 2, raw(&theirs)];
     sendmsg::<UnixAddr>(
         raw(&conn),
@@ -86,7 +198,10 @@ pub(crate) fn start(args: &Args, signals: &SignalFd) -> Result<Started, String> 
         MsgFlags::empty(),
         None,
     )
-    .map_err(|e| format!("cannot send the request to {}: {e}", path.display()))?;
+    .map_err(|source| NoFork::Send {
+        path: path.clone(),
+        source,
+    })?;
     // Only the child may hold the other end, or its end would never close.
     drop(theirs);
 
@@ -94,11 +209,10 @@ pub(crate) fn start(args: &Args, signals: &SignalFd) -> Result<Started, String> 
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(format!(
-                "the zygote at {} did not answer within {:?}",
-                path.display(),
-                args.reply_timeout
-            ));
+            return Err(NoFork::NoAnswerWithin {
+                path,
+                within: args.reply_timeout,
+            });
         }
         match wait_readable(
             &conn,
@@ -108,7 +222,7 @@ pub(crate) fn start(args: &Args, signals: &SignalFd) -> Result<Started, String> 
             Ok(Ready::Signal(signal)) => return Ok(Started::Stopped(signal)),
             Ok(Ready::Fd) => {}
             Ok(Ready::Nothing) => continue,
-            Err(e) => return Err(format!("waiting for the zygote: {e}")),
+            Err(e) => return Err(NoFork::Wait(e)),
         }
         return match read_reply(&conn) {
             Ok(Reply::Forked(pid)) => Ok(Started::Child {
@@ -116,35 +230,33 @@ pub(crate) fn start(args: &Args, signals: &SignalFd) -> Result<Started, String> 
                 zygote: Some(conn),
                 lifeline: ours,
             }),
-            Ok(Reply::Refused(error)) => Err(format!("the zygote refused: {error}")),
-            Ok(Reply::Exit(code)) => Err(format!("the zygote sent an exit ({code}) first")),
-            Err(e) => Err(format!("the zygote did not answer: {e}")),
+            Ok(Reply::Refused(error)) => Err(NoFork::Refused(error)),
+            Ok(Reply::Exit(code)) => Err(NoFork::ExitFirst(code)),
+            Err(e) => Err(NoFork::NoReply(e)),
         };
     }
 }
 
 /// Reads one message from the zygote.
-pub(crate) fn read_reply(conn: &OwnedFd) -> Result<Reply, String> {
+pub(crate) fn read_reply(conn: &OwnedFd) -> Result<Reply, BadReply> {
     let mut buf = vec![0u8; MAX_REPLY];
     let n = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
         match recvmsg::<()>(raw(conn), &mut iov, None, MsgFlags::MSG_CMSG_CLOEXEC) {
             Ok(msg) => break msg.bytes,
             Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(BadReply::Recv(e)),
         }
     };
     if n == 0 {
-        return Err("it closed the connection".into());
+        return Err(BadReply::Closed);
     }
     let text = &buf[..n];
-    let unreadable = |why: &str| {
-        format!(
-            "unreadable message {:?}: {why}",
-            String::from_utf8_lossy(text)
-        )
-    };
-    let message: Message = serde_json::from_slice(text).map_err(|e| unreadable(&e.to_string()))?;
+    let quoted = || String::from_utf8_lossy(text).into_owned();
+    let message: Message = serde_json::from_slice(text).map_err(|source| BadReply::Unreadable {
+        text: quoted(),
+        source,
+    })?;
     match message {
         Message {
             pid: Some(pid),
@@ -161,7 +273,7 @@ pub(crate) fn read_reply(conn: &OwnedFd) -> Result<Reply, String> {
             error: None,
             exit: Some(code),
         } => Ok(Reply::Exit(code)),
-        _ => Err(unreadable("expected exactly one of pid, error, exit")),
+        _ => Err(BadReply::NotOneField { text: quoted() }),
     }
 }
 
@@ -175,9 +287,11 @@ fn connect_retrying(
     path: &std::path::Path,
     args: &Args,
     signals: &SignalFd,
-) -> Result<Connected, String> {
-    let addr =
-        UnixAddr::new(path).map_err(|e| format!("bad socket path {}: {e}", path.display()))?;
+) -> Result<Connected, NoFork> {
+    let addr = UnixAddr::new(path).map_err(|source| NoFork::BadPath {
+        path: path.to_owned(),
+        source,
+    })?;
     let deadline = Instant::now() + args.wait;
     loop {
         let sock = socket(
@@ -186,24 +300,24 @@ fn connect_retrying(
             SockFlag::SOCK_CLOEXEC,
             None,
         )
-        .map_err(|e| format!("cannot make a socket: {e}"))?;
+        .map_err(NoFork::MakeSocket)?;
         match connect(sock.as_raw_fd(), &addr) {
             Ok(()) => return Ok(Connected::Yes(sock)),
             Err(Errno::EINTR) => continue,
-            Err(e @ (Errno::ENOENT | Errno::ECONNREFUSED)) => {
+            Err(source @ (Errno::ENOENT | Errno::ECONNREFUSED)) => {
                 if Instant::now() >= deadline {
-                    return Err(format!(
-                        "no zygote at {} ({e}) within {:?}",
-                        path.display(),
-                        args.wait
-                    ));
+                    return Err(NoFork::NotListening {
+                        path: path.to_owned(),
+                        source,
+                        within: args.wait,
+                    });
                 }
             }
-            Err(e) => {
-                return Err(format!(
-                    "cannot reach the zygote at {}: {e}",
-                    path.display()
-                ))
+            Err(source) => {
+                return Err(NoFork::Connect {
+                    path: path.to_owned(),
+                    source,
+                })
             }
         }
         // The pause between attempts doubles as the check for a stop signal.
@@ -257,18 +371,18 @@ fn pending_signal(signals: &SignalFd) -> Option<Signal> {
 }
 
 /// The request: which module, and the world the child should live in.
-fn request(args: &Args) -> Result<Vec<u8>, String> {
+fn request(args: &Args) -> Result<Vec<u8>, NoFork> {
     let mut env = serde_json::Map::new();
     for (key, value) in std::env::vars_os() {
         let (Some(key), Some(value)) = (key.to_str(), value.to_str()) else {
-            return Err(format!("the environment variable {key:?} is not UTF-8"));
+            return Err(NoFork::NonUtf8Var(key.clone()));
         };
         env.insert(key.to_owned(), value.into());
     }
-    let cwd = std::env::current_dir().map_err(|e| format!("no current folder: {e}"))?;
-    let cwd = cwd
-        .to_str()
-        .ok_or_else(|| format!("the current folder {} is not UTF-8", cwd.display()))?;
+    let cwd = std::env::current_dir().map_err(NoFork::NoCwd)?;
+    let Some(cwd) = cwd.to_str() else {
+        return Err(NoFork::NonUtf8Cwd(cwd.clone()));
+    };
     let request = serde_json::json!({
         "v": PROTOCOL,
         "module": args.module,
@@ -276,5 +390,5 @@ fn request(args: &Args) -> Result<Vec<u8>, String> {
         "cwd": cwd,
         "pgid": getpgrp().as_raw(),
     });
-    serde_json::to_vec(&request).map_err(|e| format!("cannot encode the request: {e}"))
+    serde_json::to_vec(&request).map_err(NoFork::Encode)
 }

@@ -13,6 +13,7 @@ use axum::response::{AppendHeaders, IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use futures_util::StreamExt;
+use ray_dashd_contract::LockExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -292,7 +293,7 @@ pub(crate) struct GrowQuery {
 pub(crate) async fn grow(Query(query): Query<GrowQuery>) -> Response {
     static KEPT: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
     let block = vec![1u8; query.mib << 20];
-    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut kept = KEPT.locked();
     kept.push(block);
     let total: usize = kept.iter().map(Vec::len).sum();
     (StatusCode::OK, format!("holding {} MiB", total >> 20)).into_response()

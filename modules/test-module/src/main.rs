@@ -49,16 +49,34 @@ struct Behaviour {
     spawn: Option<String>,
 }
 
+/// Why the module cannot start: its environment is not what it needs.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    /// The host's variables (see `ray_dashd_sdk`).
+    #[error(transparent)]
+    Env(#[from] SdkError),
+    /// A `TEST_MODULE_*` variable that should be a number is not.
+    #[error("{name} is not a number: {value:?}")]
+    NotANumber {
+        /// The variable.
+        name: String,
+        /// What it holds.
+        value: String,
+    },
+}
+
 impl Behaviour {
-    fn from_env() -> Result<Self, String> {
+    fn from_env() -> Result<Self, StartError> {
         fn var(name: &str) -> Option<String> {
             std::env::var(name).ok().filter(|v| !v.is_empty())
         }
-        fn number<T: std::str::FromStr>(name: &str) -> Result<Option<T>, String> {
+        fn number<T: std::str::FromStr>(name: &str) -> Result<Option<T>, StartError> {
             var(name)
-                .map(|v| {
-                    v.parse()
-                        .map_err(|_| format!("{name} is not a number: {v:?}"))
+                .map(|value| {
+                    value.parse().map_err(|_| StartError::NotANumber {
+                        name: name.to_owned(),
+                        value,
+                    })
                 })
                 .transpose()
         }
@@ -84,7 +102,7 @@ impl Behaviour {
 async fn main() -> ExitCode {
     ray_dashd_sdk::init_tracing();
     let (env, behaviour) = match ModuleEnv::from_env()
-        .map_err(|e| e.to_string())
+        .map_err(StartError::from)
         .and_then(|env| Ok((env, Behaviour::from_env()?)))
     {
         Ok(config) => config,

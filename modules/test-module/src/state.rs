@@ -14,6 +14,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
+use ray_dashd_contract::LockExt;
 
 /// Handle to the shared state given to every handler.
 pub(crate) type AppState = Arc<Shared>;
@@ -137,18 +138,12 @@ impl Shared {
 
     /// Records a Close frame received from a websocket client.
     pub(crate) fn record_ws_close(&self, record: CloseRecord) {
-        *self
-            .ws_last_close
-            .lock()
-            .expect("ws_last_close lock poisoned") = Some(record);
+        *self.ws_last_close.locked() = Some(record);
     }
 
     /// The last recorded websocket Close frame.
     pub(crate) fn ws_last_close(&self) -> Option<CloseRecord> {
-        self.ws_last_close
-            .lock()
-            .expect("ws_last_close lock poisoned")
-            .clone()
+        self.ws_last_close.locked().clone()
     }
 }
 

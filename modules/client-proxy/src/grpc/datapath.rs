@@ -47,7 +47,7 @@ pub(super) async fn datapath(
         let server = client
             .server(proxy.settings.server_wait)
             .await
-            .map_err(Status::not_found)?;
+            .map_err(|why| Status::not_found(why.to_string()))?;
         let responses =
             open_datapath(&proxy, &client, &server, metadata, onward(inbound).boxed()).await?;
         return Ok(Response::new(

@@ -37,7 +37,7 @@ pub(super) async fn logstream(
     let server = client
         .server(proxy.settings.server_wait)
         .await
-        .map_err(Status::not_found)?;
+        .map_err(|why| Status::not_found(why.to_string()))?;
     let (metadata, _, inbound) = request.into_parts();
     let mut grpc = client_grpc(&server);
     ready(&mut grpc, &server).await?;

@@ -59,7 +59,7 @@ pub(super) async fn driver_call(
     let server = client
         .server(proxy.settings.server_wait)
         .await
-        .map_err(Status::not_found)?;
+        .map_err(|why| Status::not_found(why.to_string()))?;
     forward(&server, parts, body).await
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use hyper_util::rt::TokioExecutor;
 use nix::sys::signal::Signal;
+use ray_dashd_contract::Backoff;
 use ray_dashd_tls::{Connector, RayTls};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -25,6 +26,9 @@ use crate::h2_settings::{CONNECTION_WINDOW_BYTES, MAX_FRAME_BYTES, STREAM_WINDOW
 pub const IDLE_EXIT_ENV: &str = "TIMEOUT_FOR_SPECIFIC_SERVER_S";
 /// A spare's value of it: ten years.
 const SPARE_IDLE_CHECKS: &str = "315360000";
+/// The pauses between looks at whether a new server listens: 5 ms first,
+/// doubling up to 50 ms (an exit ends the wait at once).
+const LISTENING_POLLS: Backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(50));
 
 fn h2_client(tls: Option<RayTls>) -> H2Client {
     let connector = Connector::new(tls).timeout(Duration::from_secs(5));
@@ -119,7 +123,8 @@ impl Launcher {
             stop_grace: self.command.stop_grace,
         });
         let log = self.error_log(port).display().to_string();
-        match tokio::time::timeout(self.command.ready_timeout, wait_listening(&server)).await {
+        match tokio::time::timeout(self.command.ready_timeout, wait_listening(&server, &log)).await
+        {
             Ok(Ok(())) => {
                 if shared_port(port, pid, self.command.own_listener).await {
                     warn!(
@@ -137,7 +142,7 @@ impl Launcher {
                 );
                 Ok(server)
             }
-            Ok(Err(status)) => Err(ServerError::Exited { port, status, log }),
+            Ok(Err(exited)) => Err(exited),
             Err(_) => {
                 server.stop().await;
                 Err(ServerError::Timeout {
@@ -197,13 +202,18 @@ impl Launcher {
 }
 
 /// Waits until the server accepts TCP connections, or fails with how it
-/// ended if it exits first.
-async fn wait_listening(server: &SpecificServer) -> Result<(), String> {
+/// ended ([`ServerError::Exited`], naming its error `log`) if it exits
+/// first.
+async fn wait_listening(server: &SpecificServer, log: &str) -> Result<(), ServerError> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, server.port));
-    let mut pause = Duration::from_millis(5);
+    let mut pauses = LISTENING_POLLS;
     loop {
         if let Some(status) = server.exit_status() {
-            return Err(status);
+            return Err(ServerError::Exited {
+                port: server.port,
+                status,
+                log: log.to_owned(),
+            });
         }
         if let Ok(stream) = tokio::net::TcpStream::connect(addr).await {
             // A connect to a port nobody listens on can land on itself when
@@ -213,10 +223,9 @@ async fn wait_listening(server: &SpecificServer) -> Result<(), String> {
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
+            _ = tokio::time::sleep(pauses.next_delay()) => {}
             _ = server.exited() => {}
         }
-        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }
 async fn reap(

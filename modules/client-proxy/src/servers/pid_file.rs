@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use nix::sys::signal::Signal;
 use ray_dashd_contract::proc;
+use ray_dashd_contract::LockExt;
 use tracing::warn;
 
 use super::signal_group;
@@ -59,13 +60,13 @@ impl PidFile {
 
     pub(super) fn add(&self, pid: u32) {
         let Some(start) = start_time(pid) else { return };
-        let mut pids = self.pids.lock().expect("UNWRAP: pid file lock poisoned");
+        let mut pids = self.pids.locked();
         pids.push((pid, start));
         self.save(&pids);
     }
 
     pub(super) fn remove(&self, pid: u32) {
-        let mut pids = self.pids.lock().expect("UNWRAP: pid file lock poisoned");
+        let mut pids = self.pids.locked();
         pids.retain(|(p, _)| *p != pid);
         self.save(&pids);
     }

@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::ops::RangeInclusive;
 use std::sync::Mutex;
 
+use ray_dashd_contract::LockExt;
 use tracing::debug;
 
 use super::ServerError;
@@ -94,7 +95,7 @@ impl PortPool {
 
     fn take_from(&self, range: &RangeInclusive<u16>) -> Result<u16, ServerError> {
         let (first, last) = (*range.start(), *range.end());
-        let mut state = self.in_use.lock().expect("UNWRAP: pool lock poisoned");
+        let mut state = self.in_use.locked();
         let span = u32::from(last - first) + 1;
         for step in 0..span {
             let port = last - ((u32::from(last - state.next) + step) % span) as u16;
@@ -110,7 +111,7 @@ impl PortPool {
 
     /// Takes the first port `ask` names that the pool has not handed out.
     fn take_with(&self, mut ask: impl FnMut() -> io::Result<u16>) -> Result<u16, ServerError> {
-        let mut state = self.in_use.lock().expect("UNWRAP: pool lock poisoned");
+        let mut state = self.in_use.locked();
         for _ in 0..KERNEL_TRIES {
             let port = ask().map_err(|e| ServerError::NoKernelPort {
                 reason: e.to_string(),
@@ -130,7 +131,7 @@ impl PortPool {
 
     /// Gives `port` back.
     pub fn give_back(&self, port: u16) {
-        let mut state = self.in_use.lock().expect("UNWRAP: pool lock poisoned");
+        let mut state = self.in_use.locked();
         state.taken.remove(&port);
     }
 
@@ -145,11 +146,7 @@ impl PortPool {
 
     /// How many ports are handed out.
     pub fn in_use(&self) -> usize {
-        self.in_use
-            .lock()
-            .expect("UNWRAP: pool lock poisoned")
-            .taken
-            .len()
+        self.in_use.locked().taken.len()
     }
 }
 

@@ -9,7 +9,7 @@
 mod effective;
 pub(crate) mod hosts;
 mod raw;
-pub mod ray;
+pub mod ray_settings;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -24,7 +24,7 @@ use crate::error::ConfigError;
 use crate::routes::RouteSpec;
 pub use crate::session::rotating::{Rotation, DEFAULT_BACKUP_COUNT, DEFAULT_MAX_BYTES};
 use raw::{parse, RawConfig, RawModules};
-use ray::RaySettings;
+use ray_settings::RaySettings;
 use validate::Validator;
 
 /// The configuration used when `--config` is absent (`config/default.toml`).
@@ -185,7 +185,7 @@ pub struct Supervision {
 // === Defaults ===
 //
 // What each setting is when neither the file nor the command line names it
-// (the `[ray]` settings' are in [`ray`]).
+// (the `[ray]` settings' are in [`ray_settings`]).
 
 /// Default of `server.host`: loopback, so that the dashboard is reachable
 /// from elsewhere only when an address is named.

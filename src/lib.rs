@@ -209,14 +209,15 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
                     .map_err(|source| StartupError::Bind { addr, source })?;
                 // Ray's dashboard metrics, on Ray's port, found as Ray's are.
                 let head_ip = ray::gcs::head_ip(&head.gcs_address);
-                let port = ray::metrics::port(|name| std::env::var(name).ok());
-                let metrics_address = match ray::metrics::bind(head_ip, port).await {
+                let port = ray::metrics_port::port(|name| std::env::var(name).ok());
+                let metrics_address = match ray::metrics_port::bind(head_ip, port).await {
                     Some(metrics_port) => {
-                        let labels = metrics::ray::RayLabels {
+                        let labels = metrics::ray_series::RayLabels {
                             version: head.parent.ray_version.clone(),
                             session_name: session_name(&session),
                         };
-                        let series = metrics::ray::RayMetrics::new(labels, head_ip.to_string());
+                        let series =
+                            metrics::ray_series::RayMetrics::new(labels, head_ip.to_string());
                         let bound = metrics_port
                             .listener
                             .local_addr()
@@ -294,7 +295,10 @@ pub struct Prepared {
     pub tls: Option<Arc<server::tls::ServerTls>>,
     /// When Ray's modules are hosted and Ray's metrics port could be
     /// bound: that port, and Ray's dashboard series to serve there.
-    pub ray_metrics: Option<(ray::metrics::MetricsPort, Arc<metrics::ray::RayMetrics>)>,
+    pub ray_metrics: Option<(
+        ray::metrics_port::MetricsPort,
+        Arc<metrics::ray_series::RayMetrics>,
+    )>,
 }
 
 /// The Ray session's name: its folder's (`session_<date>_<pid>`), through
@@ -334,8 +338,8 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
     let proxy = Arc::new(Proxy::new(supervisor.modules(), config.server.clone()));
     let metrics_stop = tokio_util::sync::CancellationToken::new();
     if let Some((port, ray)) = ray_metrics {
-        let interval = ray::metrics::record_interval(|name| std::env::var(name).ok());
-        ray::metrics::serve(
+        let interval = ray::metrics_port::record_interval(|name| std::env::var(name).ok());
+        ray::metrics_port::serve(
             port,
             ray,
             Arc::clone(&supervisor),

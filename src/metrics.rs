@@ -4,7 +4,6 @@
 //! process ([`Scrape`]). Below the supervisor and the proxy, which record
 //! into it; it knows neither.
 
-use ray_dashd_contract::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -16,12 +15,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+use ray_dashd_contract::LockExt;
 
 use crate::routes::{RouteKind, RouteSpec};
-use ray::{RayMetrics, RouteSeries};
+use ray_series::{RayMetrics, RouteSeries};
 
 mod merge;
-pub mod ray;
+pub mod ray_series;
 
 pub use merge::merge_openmetrics;
 

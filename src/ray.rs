@@ -10,7 +10,7 @@
 
 pub mod auth;
 pub mod gcs;
-pub mod metrics;
+pub mod metrics_port;
 mod not_hosted;
 pub mod parent;
 pub mod python;
@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::builtin;
-use crate::config::ray::{RayLaunch, RayModules, RayPython};
+use crate::config::ray_settings::{RayLaunch, RayModules, RayPython, RaySettings};
 use crate::config::{Config, ModuleSpec, Supervision};
 use crate::error::StartupError;
 use crate::routes::{RouteKind, RouteSpec};
@@ -213,6 +213,17 @@ pub enum RayHosting {
     NotHosted,
 }
 
+impl RayStart {
+    /// Ray's modules not hosted, and why.
+    fn unhosted(status: RayStatus) -> RayStart {
+        RayStart {
+            head: None,
+            early: None,
+            status,
+        }
+    }
+}
+
 impl RayStatus {
     fn new(state: RayHosting, message: impl Into<String>, python: Option<&RayPython>) -> Self {
         RayStatus {
@@ -229,13 +240,8 @@ impl RayStatus {
 /// Call within the runtime: the zygote is a tokio child.
 pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, StartupError> {
     let settings = config.ray.clone();
-    let unhosted = |status: RayStatus| RayStart {
-        head: None,
-        early: None,
-        status,
-    };
     if settings.modules == RayModules::Off {
-        return Ok(unhosted(RayStatus::new(
+        return Ok(RayStart::unhosted(RayStatus::new(
             RayHosting::Off,
             "Ray's modules are off ([ray] modules = \"off\")",
             None,
@@ -250,41 +256,22 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
             return Err(StartupError::Ray(why));
         }
         info!(session = %session.dir.display(), "no Ray head found; Ray's modules are not hosted");
-        return Ok(unhosted(RayStatus::new(
+        return Ok(RayStart::unhosted(RayStatus::new(
             RayHosting::NoHead,
             format!("Ray's modules are not hosted: {why}"),
             None,
         )));
     };
-    // One line, whatever failed: what was tried, what went wrong, the fix.
-    let not_hosted = |python: Option<&RayPython>, why: String| {
-        let line = match python {
-            Some(python) => format!(
-                "Ray head found (GCS {gcs_address}), but its modules cannot be hosted with \
-                 {} ({}): {why}",
-                python.program, python.source,
-            ),
-            None => format!(
-                "Ray head found (GCS {gcs_address}), but its modules cannot be hosted: {why}"
-            ),
-        };
-        if settings.modules == RayModules::Auto {
-            warn!("{line}");
-            Ok(unhosted(RayStatus::new(
-                RayHosting::NotHosted,
-                line,
-                python,
-            )))
-        } else {
-            Err(StartupError::Ray(line))
-        }
+    let refuse = Refusal {
+        settings: &settings,
+        gcs_address: &gcs_address,
     };
     // Read first: with TLS on, nothing of the head can be reached without
     // it, and a bad file is better told before anything starts. Ray's
     // modules and the client proxy inherit the variables and read them too.
     let tls = match RayTls::from_env() {
         Ok(tls) => tls,
-        Err(e) => return not_hosted(None, e.to_string()),
+        Err(e) => return refuse.not_hosted(None, e.to_string()),
     };
     if let Some(tls) = &tls {
         info!(
@@ -297,11 +284,78 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         Some(named) => named.clone(),
         None => match python::find(&session.dir) {
             Ok(found) => found,
-            Err(tried) => return not_hosted(None, python::not_found(&tried)),
+            Err(tried) => return refuse.not_hosted(None, python::not_found(&tried)),
         },
     };
     info!(python = %python.program, source = %python.source, "the Python for Ray's modules");
-    let not_hosted = |why: NotHosted| not_hosted(Some(&python), format!("{why}{}", why.fix()));
+    let read = match read_head(config, session, &settings, &python)? {
+        Ok(read) => read,
+        Err(why) => return refuse.not_hosted(Some(&python), format!("{why}{}", why.fix())),
+    };
+    host_modules(config, &settings, gcs_address, &python, tls, read)
+}
+
+/// How a head found but not hosted is answered: with `[ray] modules =
+/// "auto"`, a warning and the status that says why; with `"on"`, an error
+/// that stops the start. One line, whatever failed: what was tried, what
+/// went wrong, the fix.
+struct Refusal<'a> {
+    settings: &'a RaySettings,
+    gcs_address: &'a str,
+}
+
+impl Refusal<'_> {
+    fn not_hosted(
+        &self,
+        python: Option<&RayPython>,
+        why: String,
+    ) -> Result<RayStart, StartupError> {
+        let gcs_address = self.gcs_address;
+        let line = match python {
+            Some(python) => format!(
+                "Ray head found (GCS {gcs_address}), but its modules cannot be hosted with \
+                 {} ({}): {why}",
+                python.program, python.source,
+            ),
+            None => format!(
+                "Ray head found (GCS {gcs_address}), but its modules cannot be hosted: {why}"
+            ),
+        };
+        if self.settings.modules == RayModules::Auto {
+            warn!("{line}");
+            Ok(RayStart::unhosted(RayStatus::new(
+                RayHosting::NotHosted,
+                line,
+                python,
+            )))
+        } else {
+            Err(StartupError::Ray(line))
+        }
+    }
+}
+
+/// What `python` tells of the head: Ray's own facts (its version, token,
+/// UI) and the config of Ray's modules, read by Ray's zygote (in fork mode,
+/// which keeps running) or by `routes.py`.
+struct HeadRead {
+    parent: RayParent,
+    /// What the config's errors name as the source of Ray's modules.
+    origin: String,
+    /// Their `[[modules]]`, as TOML.
+    toml: String,
+    /// The running zygote, in fork mode.
+    zygote: Option<EarlyStart>,
+}
+
+/// Runs the launcher's scripts with `python` (the facts and the routes at
+/// once: both import Ray, most of their time): what they read, or why
+/// Ray's modules cannot be hosted. The outer error stops the start.
+fn read_head(
+    config: &Config,
+    session: &Session,
+    settings: &RaySettings,
+    python: &RayPython,
+) -> Result<Result<HeadRead, NotHosted>, StartupError> {
     let launcher_dir = write_launcher(session)
         .map_err(|e| StartupError::Ray(format!("cannot write the launcher: {e}")))?;
     let mut facts = Command::new(&python.program);
@@ -317,10 +371,8 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         crate::routes::host::GCS_HEALTH_PATH.into(),
     ];
     let routes = launcher_dir.join("routes.py");
-    // Both import Ray (most of their time): run them at once.
     let facts = std::thread::spawn(move || run(facts, ROUTES_TIMEOUT));
     let fork = settings.launch == RayLaunch::Fork;
-    // What the config's errors name as the source of Ray's modules.
     let origin = if fork {
         format!(
             "<Ray's modules, reported by Ray's zygote to {}>",
@@ -368,14 +420,38 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         RayParent::from_facts(facts)
     }) {
         Ok(parent) => parent,
-        Err(e) => return not_hosted(e),
+        Err(e) => return Ok(Err(e)),
     };
-    let (generated, zygote) = match ray_routes {
-        RayRoutes::Read { toml, zygote } => (toml, zygote),
-        RayRoutes::Failed(why) => return not_hosted(why),
-    };
+    Ok(match ray_routes {
+        RayRoutes::Read { toml, zygote } => Ok(HeadRead {
+            parent,
+            origin,
+            toml,
+            zygote,
+        }),
+        RayRoutes::Failed(why) => Err(why),
+    })
+}
+
+/// Adds Ray's modules as `read` found them to `config` (with `[ray]`'s
+/// memory budget and shared answers), and the Ray Client proxy unless
+/// `[ray] client_port` is 0.
+fn host_modules(
+    config: &mut Config,
+    settings: &RaySettings,
+    gcs_address: String,
+    python: &RayPython,
+    tls: Option<RayTls>,
+    read: HeadRead,
+) -> Result<RayStart, StartupError> {
+    let HeadRead {
+        parent,
+        origin,
+        toml,
+        zygote,
+    } = read;
     let before = config.modules.len();
-    config.add_modules_toml(&origin, &generated)?;
+    config.add_modules_toml(&origin, &toml)?;
     if let Some(budget) = settings.memory_budget {
         for module in &mut config.modules[before..] {
             module.supervision.memory_budget = Some(budget);
@@ -414,7 +490,7 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
             "hosting Ray {}'s dashboard modules (GCS {gcs_address})",
             parent.ray_version
         ),
-        Some(&python),
+        Some(python),
     );
     status.ray_version = Some(parent.ray_version.clone());
     let head = RayHead {

@@ -3,13 +3,15 @@
 //! (`prefix.rs`), the request [`guard`], then a module route straight to
 //! the proxy, else the host's [`router`]), the router
 //! built from the host's routes (its API in `api.rs`, the UI's files in
-//! `assets.rs`), and the accept loop with its limits and graceful drain
-//! (`accept.rs`), in the clear or over TLS ([`tls`]).
+//! `assets.rs`), and [`serve`], which runs the port's layers
+//! (`listener.rs`: accepting, admission under the client cap in
+//! `accept.rs`, TLS in [`tls`], HTTP/1.1, the graceful drain).
 
 mod accept;
 mod api;
 mod assets;
 pub mod guard;
+mod listener;
 mod prefix;
 pub mod tls;
 
@@ -19,7 +21,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -27,21 +28,15 @@ use axum::http::Request;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 use tower_http::trace::TraceLayer;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, warn, Instrument};
 
 use crate::config::ServerSettings;
-use crate::descriptors::ClientStream;
 use crate::error::error_chain;
 use crate::metrics::Metrics;
-use crate::proxy::{is_send_timeout, Proxy, ProxyError, Routed, WriteTimeout};
+use crate::proxy::{Proxy, ProxyError, Routed};
 use crate::ray::{self, auth, RayParent};
 use crate::reload::Reloader;
 use crate::routes::host::{HostHandler, HOST_ROUTES};
@@ -49,27 +44,6 @@ use crate::supervisor::Supervisor;
 use guard::{Guard, Refusal};
 use prefix::{Placed, UrlPrefix};
 use tls::ServerTls;
-
-/// How long a client may take to send a request's head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Most headers in one request (hyper's default is 100).
-const MAX_HEADERS: usize = 128;
-/// The least each client connection's buffers may grow to (hyper's
-/// default). hyper's `max_buf_size` bounds both a connection's read buffer
-/// and its write buffer, which decides how many chunks of a streamed answer
-/// go out in one write: held to `max_header_bytes` (64 KiB), every 64 KiB
-/// chunk of a stream took a write (and a wake-up of the client) of its own.
-/// The head's limit is hyper's `max_header_size`, which counts the head as
-/// it came.
-const MIN_CONNECTION_BUFFER_BYTES: usize = 8192 + 4096 * 100;
-/// TCP keepalive of client connections: first probe after this much
-/// silence, then every `KEEPALIVE_INTERVAL`, dropped after
-/// `KEEPALIVE_RETRIES` unanswered. A client that vanished without a word
-/// (a laptop put to sleep in the middle of a websocket or a followed log)
-/// is noticed within about 90 s and its relay and module request let go.
-const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_RETRIES: u32 = 3;
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -311,7 +285,8 @@ async fn forward(proxy: &Proxy, lookup: Routed, request: Request<Body>) -> Respo
 /// accepting and lets in-flight requests finish within the grace period.
 /// At most `max_connections` clients are served at once; see
 /// [`accept`] for the connections beyond. With `tls`, every connection
-/// makes its handshake first, in its own task.
+/// makes its handshake first, in its own task. The layers are
+/// [`listener`]'s.
 pub async fn serve(
     listener: TcpListener,
     service: Dispatch,
@@ -320,165 +295,23 @@ pub async fn serve(
     tls: Option<Arc<ServerTls>>,
     shutdown: impl Future<Output = ()>,
 ) {
-    // HTTP/1.1 only: the dashboard's clients (browsers, Ray's CLI and SDK,
-    // probes) all speak it (over TLS too: ALPN offers nothing else), and a
-    // plain connection lets a websocket relay take the bare socket back
-    // after the upgrade.
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(settings.max_header_bytes.max(MIN_CONNECTION_BUFFER_BYTES))
-        .max_header_size(settings.max_header_bytes)
-        .max_headers(MAX_HEADERS);
-    // A connection over the cap answers one request, quickly.
-    let mut overflow_http = http.clone();
-    overflow_http
-        .keep_alive(false)
-        .header_read_timeout(accept::OVERFLOW_DEADLINE);
-    let overflow_service = accept::Overflow {
-        dispatch: service.clone(),
-        max: max_connections,
-    };
     let mut admission = accept::Admission::new(max_connections);
     service
         .metrics
         .set_clients(max_connections, admission.clients_served());
-    let mut backoff = accept::AcceptBackoff::default();
-    let connections = TaskTracker::new();
-    let drain = CancellationToken::new();
+    let connections = listener::Connections::new(service, settings, max_connections, tls);
+    let mut accepting = listener::Accepting::new(listener);
     tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => {
-                    backoff.succeeded();
-                    accepted
-                }
-                Err(e) => {
-                    let pause = backoff.failed(&e);
-                    if !pause.is_zero() {
-                        tokio::select! {
-                            _ = tokio::time::sleep(pause) => {}
-                            _ = &mut shutdown => break,
-                        }
-                    }
-                    continue;
-                }
-            },
-            _ = &mut shutdown => break,
-        };
-        let permit = match admission.admit() {
-            accept::Admitted::Client(permit) => permit,
-            accept::Admitted::Overflow(permit) => {
-                let http = overflow_http.clone();
-                let service = overflow_service.clone();
-                let tls = tls.clone();
-                let connection = async move {
-                    match tls {
-                        None => http.serve_connection(TokioIo::new(stream), service).await?,
-                        Some(tls) => {
-                            let stream = tls.accept(stream, |tcp| tcp).await?;
-                            http.serve_connection(TokioIo::new(stream), service).await?
-                        }
-                    }
-                    Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
-                };
-                connections.spawn(async move {
-                    let _permit = permit;
-                    match tokio::time::timeout(accept::OVERFLOW_DEADLINE, connection).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            debug!(%peer, error = %e, "connection over the cap ended with an error")
-                        }
-                        Err(_) => debug!(%peer, "connection over the cap timed out"),
-                    }
-                });
-                continue;
-            }
+    while let Some((stream, peer)) = accepting.next(shutdown.as_mut()).await {
+        match admission.admit() {
+            accept::Admitted::Client(permit) => connections.serve_client(stream, peer, permit),
+            accept::Admitted::Overflow(permit) => connections.serve_overflow(stream, peer, permit),
             // Dropped: closed at once.
-            accept::Admitted::Refused => continue,
-        };
-        let _ = stream.set_nodelay(true);
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(KEEPALIVE_IDLE)
-            .with_interval(KEEPALIVE_INTERVAL)
-            .with_retries(KEEPALIVE_RETRIES);
-        if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
-            debug!(error = %e, "cannot set TCP keepalive");
-        }
-        // The slot goes with the socket, into a websocket relay too; every
-        // write to the client, a websocket's too (the relay takes the guard
-        // over), waits at most the send timeout for the client.
-        let send_timeout = settings.client_send_timeout;
-        let drain = drain.clone();
-        let service = service.clone();
-        let Some(tls) = tls.clone() else {
-            let stream = WriteTimeout::new(ClientStream::new(stream, permit), send_timeout, peer);
-            connections.spawn(drive(&http, stream, service, drain, peer));
-            continue;
-        };
-        let http = http.clone();
-        connections.spawn(async move {
-            let handshake = tokio::select! {
-                handshake = tls.accept(stream, |tcp| ClientStream::new(tcp, permit)) => handshake,
-                _ = drain.cancelled() => return,
-            };
-            match handshake {
-                Ok(stream) => {
-                    let stream = WriteTimeout::new(stream, send_timeout, peer);
-                    drive(&http, stream, service, drain, peer).await;
-                }
-                Err(e) => debug!(%peer, error = %e, "TLS handshake failed"),
-            }
-        });
-    }
-    drop(listener);
-    info!(
-        connections = connections.len(),
-        "stopped accepting; draining"
-    );
-    drain.cancel();
-    connections.close();
-    tokio::select! {
-        _ = connections.wait() => info!("drained"),
-        _ = tokio::time::sleep(settings.shutdown_grace) => {
-            warn!(grace_ms = settings.shutdown_grace.as_millis() as u64, "drain timed out");
+            accept::Admitted::Refused => {}
         }
     }
-}
-
-/// Serves one client connection over `stream` until it ends, or, once
-/// `drain` is cancelled, until the request in flight is answered.
-fn drive<S>(
-    http: &http1::Builder,
-    stream: S,
-    service: Dispatch,
-    drain: CancellationToken,
-    peer: std::net::SocketAddr,
-) -> impl Future<Output = ()> + Send + 'static
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let connection = http
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades();
-    async move {
-        tokio::pin!(connection);
-        let ended = tokio::select! {
-            ended = connection.as_mut() => ended,
-            _ = drain.cancelled() => {
-                // Finish the request in flight, then close.
-                connection.as_mut().graceful_shutdown();
-                connection.await
-            }
-        };
-        match ended {
-            // The guard logged it already.
-            Err(e) if is_send_timeout(&e) => {}
-            Err(e) => debug!(%peer, error = %e, "connection ended with an error"),
-            Ok(()) => {}
-        }
-    }
+    drop(accepting);
+    connections.drain(settings.shutdown_grace).await;
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::ray::{RayLaunch, RayModules};
+use super::ray_settings::{RayLaunch, RayModules};
 use super::CgroupMode;
 use crate::error::ConfigError;
 use crate::routes::RouteKind;

@@ -1,7 +1,7 @@
 //! Unit tests of loading and validating the config.
 
 use super::raw::line_column;
-use super::ray::{PythonSource, RayLaunch, RayModules, RayPython, RaySettings};
+use super::ray_settings::{PythonSource, RayLaunch, RayModules, RayPython, RaySettings};
 use super::*;
 use clap::Parser;
 
@@ -417,7 +417,10 @@ fn route_cache_and_ray_cache_secs() {
         c.modules[0].routes[0].cache,
         Some(Duration::from_millis(1500))
     );
-    assert_eq!(c.ray.cache, Some(crate::config::ray::DEFAULT_CACHE));
+    assert_eq!(
+        c.ray.cache,
+        Some(crate::config::ray_settings::DEFAULT_CACHE)
+    );
     assert_eq!(
         load("[ray]\ncache_secs = 0\n").expect("valid").ray.cache,
         None

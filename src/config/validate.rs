@@ -9,7 +9,7 @@ use http::Method;
 
 use super::hosts::{allowed_host, allowed_origin};
 use super::raw::{RawConfig, RawModule, RawSupervision};
-use super::ray::{
+use super::ray_settings::{
     PythonSource, RayPython, RaySettings, DEFAULT_CACHE, DEFAULT_CLIENT_PORT, GCS_GONE_AFTER,
 };
 use super::{

@@ -1,7 +1,7 @@
 //! Two OpenMetrics texts as one: the series another exporter serves put
 //! into the families of this one's, for a scrape that must show both on one
 //! port (Ray's own dashboard process holds Ray's dashboard metrics port
-//! beside ray-dashd: see `crate::ray::metrics`).
+//! beside ray-dashd: see `crate::ray::metrics_port`).
 //!
 //! A family may appear only once in a scrape, so the other's samples go
 //! under this one's family of the same name and type; a family of the same

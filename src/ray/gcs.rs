@@ -7,12 +7,12 @@
 //! on the GCS, so a slow GCS or a blocked module cannot make a liveness probe
 //! of the head time out (ray#63574).
 
-use ray_dashd_contract::LockExt;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ray_dashd_contract::LockExt;
 use ray_dashd_tls::{Connector, RayTls};
 use ray_proto::rpc::internal_kv_gcs_service_client::InternalKvGcsServiceClient;
 use ray_proto::rpc::node_info_gcs_service_client::NodeInfoGcsServiceClient;

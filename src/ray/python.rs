@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ray_dashd_contract::proc;
 
-use crate::config::ray::{PythonSource, RayPython};
+use crate::config::ray_settings::{PythonSource, RayPython};
 
 /// Where a Python is looked for when none is named, in this order; the
 /// first candidate that can import Ray is taken.

@@ -1,6 +1,7 @@
 //! The per-module task: it alone owns the module's process, and runs its
 //! life: spawn, wait for ready, health-check, fail, stop, back off, respawn.
 
+use std::future::Future;
 use std::io;
 use std::path::Path;
 use std::process::ExitStatus;
@@ -53,6 +54,18 @@ enum End {
     Restart,
     /// The host is shutting down.
     Shutdown,
+}
+
+/// Where an incarnation is in its life, for what its exit means.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Not ready yet.
+    Starting,
+    /// Ready; its exit may be the kernel's kill at its memory budget.
+    Running {
+        /// Its `memory_budget`.
+        memory_budget: Option<u64>,
+    },
 }
 
 /// Generic over its [`Spawner`] so that tests can run it with a fake child;
@@ -142,6 +155,33 @@ impl<S: Spawner> ModuleTask<S> {
         0
     }
 
+    /// `work`'s output, unless the incarnation's life ends first: the host
+    /// shuts down, an operator asks for a restart, or the process exits
+    /// (`exited` then holds its status, and `phase` says how to tell it).
+    async fn unless_ended<T>(
+        &mut self,
+        child: &mut S::Incarnation,
+        exited: &mut Option<ExitStatus>,
+        phase: Phase,
+        work: impl Future<Output = T>,
+    ) -> Result<T, End> {
+        tokio::select! {
+            biased;
+            _ = self.shutdown.cancelled() => Err(End::Shutdown),
+            status = child.exited() => {
+                *exited = status.as_ref().ok().copied();
+                Err(End::Failed(match phase {
+                    Phase::Starting => format!("exited during startup ({})", describe(&status)),
+                    Phase::Running { memory_budget } => {
+                        exit_reason(child, &status, memory_budget).await
+                    }
+                }))
+            }
+            Some(Control::Restart) = self.controls.recv() => Err(End::Restart),
+            done = work => Ok(done),
+        }
+    }
+
     async fn run_incarnation(&mut self, incarnation: u32, sup: &Supervision) -> (End, Duration) {
         let shared = Arc::clone(&self.shared);
         let socket = &shared.socket;
@@ -204,15 +244,13 @@ impl<S: Spawner> ModuleTask<S> {
         let mut ready_at = None;
 
         let end = 'life: {
-            let ready = tokio::select! {
-                biased;
-                _ = self.shutdown.cancelled() => break 'life End::Shutdown,
-                status = child.exited() => {
-                    exited = status.as_ref().ok().copied();
-                    break 'life End::Failed(format!("exited during startup ({})", describe(&status)));
-                }
-                Some(Control::Restart) = self.controls.recv() => break 'life End::Restart,
-                ready = wait_ready(&client, sup, &shared, incarnation, pid) => ready,
+            let starting = wait_ready(&client, sup, &shared, incarnation, pid);
+            let ready = match self
+                .unless_ended(&mut child, &mut exited, Phase::Starting, starting)
+                .await
+            {
+                Ok(ready) => ready,
+                Err(end) => break 'life end,
             };
             let rtt = match ready {
                 Ok(rtt) => rtt,
@@ -247,24 +285,22 @@ impl<S: Spawner> ModuleTask<S> {
                 Instant::now(),
             );
             loop {
-                tokio::select! {
-                    biased;
-                    _ = self.shutdown.cancelled() => break 'life End::Shutdown,
-                    status = child.exited() => {
-                        exited = status.as_ref().ok().copied();
-                        break 'life End::Failed(exit_reason(&child, &status, sup.memory_budget).await);
-                    }
-                    Some(Control::Restart) = self.controls.recv() => break 'life End::Restart,
-                    _ = ticker.tick() => {}
+                let running = Phase::Running {
+                    memory_budget: sup.memory_budget,
+                };
+                if let Err(end) = self
+                    .unless_ended(&mut child, &mut exited, running, ticker.tick())
+                    .await
+                {
+                    break 'life end;
                 }
-                let checked = tokio::select! {
-                    biased;
-                    _ = self.shutdown.cancelled() => break 'life End::Shutdown,
-                    status = child.exited() => {
-                        exited = status.as_ref().ok().copied();
-                        break 'life End::Failed(exit_reason(&child, &status, sup.memory_budget).await);
-                    }
-                    checked = check_health(&client, sup.health_timeout) => checked,
+                let check = check_health(&client, sup.health_timeout);
+                let checked = match self
+                    .unless_ended(&mut child, &mut exited, running, check)
+                    .await
+                {
+                    Ok(checked) => checked,
+                    Err(end) => break 'life end,
                 };
                 // What its processes did since the last check tells a busy
                 // module from a hung one.

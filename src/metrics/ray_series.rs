@@ -1,10 +1,9 @@
 //! Ray's dashboard metrics, under the names and labels Ray's dashboard
 //! gives them (`ray/dashboard/dashboard_metrics.py`): the API requests by
 //! route pattern, and each component's CPU and memory. Served on Ray's
-//! `DASHBOARD_METRIC_PORT` (see `crate::ray::metrics`) when Ray's modules
+//! `DASHBOARD_METRIC_PORT` (see `crate::ray::metrics_port`) when Ray's modules
 //! are hosted.
 
-use ray_dashd_contract::LockExt;
 use std::sync::{Mutex, OnceLock};
 
 use http::StatusCode;
@@ -14,6 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+use ray_dashd_contract::LockExt;
 
 use super::{class_index, CLASSES};
 use crate::routes::RouteSpec;

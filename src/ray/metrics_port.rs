@@ -1,7 +1,7 @@
 //! Ray's dashboard metrics port: what Ray's dashboard head serves on
 //! `DASHBOARD_METRIC_PORT` (its `_setup_metrics`), for Prometheus to find
 //! through the GCS key `DashboardMetricsAddress` (written by the GCS
-//! watcher). The series are [`crate::metrics::ray`]'s; this binds the port,
+//! watcher). The series are [`crate::metrics::ray_series`]'s; this binds the port,
 //! serves them, and samples the host's and the modules' CPU and memory
 //! every `METRICS_RECORD_INTERVAL_S`, as Ray's `_record_dashboard_metrics`
 //! does.
@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::metrics::ray::{ComponentSample, HostSample, RayMetrics, HOST_COMPONENT};
+use crate::metrics::ray_series::{ComponentSample, HostSample, RayMetrics, HOST_COMPONENT};
 use crate::supervisor::Supervisor;
 
 /// Ray's default metrics port (`ray/dashboard/consts.py`).

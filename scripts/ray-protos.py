@@ -23,7 +23,7 @@ ROOTS = [
     "ray.core.generated.gcs_service_pb2",
     "ray.core.generated.runtime_env_agent_pb2",
 ]
-OUT = pathlib.Path(__file__).resolve().parent.parent / "modules/ray-proto/proto/ray.desc"
+OUT = pathlib.Path(__file__).resolve().parent.parent / "crates/ray-proto/proto/ray.desc"
 
 
 def main() -> int:

@@ -196,9 +196,7 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
     let reload = ReloadSource::new(cli, file_modules, &config);
     let served = runtime.block_on(async {
         let addr = SocketAddr::new(config.host, config.port);
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartupError::Bind { addr, source })?;
+        let listener = bind_listener(addr).map_err(|source| StartupError::Bind { addr, source })?;
         let signal = shutdown::signal().map_err(StartupError::Runtime)?;
         let (gone_tx, gone_rx) = tokio::sync::oneshot::channel();
         let mut ray_metrics = None;
@@ -433,4 +431,25 @@ fn on_sighup(reloader: Option<Arc<Reloader>>, tls: Option<Arc<server::tls::Serve
             }
         }
     });
+}
+
+/// The listen backlog of the dashboard port. tokio's `TcpListener::bind`
+/// (mio) asks for 128: a burst of a few hundred connections, such as a
+/// page's requests from many browsers at once, overflows it while the one
+/// runtime thread serves, and each connection dropped there waits for its
+/// client's SYN retransmit, 1 s later. The kernel caps it at
+/// `net.core.somaxconn` (4096 by default since Linux 5.4).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the dashboard port as `TcpListener::bind` does (`SO_REUSEADDR`),
+/// with [`LISTEN_BACKLOG`].
+fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }

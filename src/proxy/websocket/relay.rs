@@ -17,18 +17,19 @@
 //! alive. Frames the relay makes (pongs, closes) reach a sink only through
 //! the loop that owns it, and only between two frames.
 
+use std::future::Future as _;
 use std::io::Cursor;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
+use ray_dashd_contract::LockExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::connection::ModuleStream;
 use crate::descriptors::ClientStream;
 use crate::proxy::idle::{is_send_timeout, WriteTimeout};
-use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -37,13 +38,90 @@ use tracing::debug;
 
 /// How long the closing handshake may take once a close was sent.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Read buffer per direction; a frame larger than this streams through.
-const READ_BUFFER: usize = 64 * 1024;
+/// Read buffer per direction to begin with. It doubles, up to
+/// [`MAX_READ_BUFFER`], each time a read fills it (a large message
+/// streaming through); its bytes start again at its front whenever it is
+/// empty, and it is let go while the source has nothing to read
+/// ([`read_some`]): an idle websocket holds no buffer, and a busy one only
+/// the front of one.
+const READ_BUFFER: usize = 4 * 1024;
+/// The most the read buffer grows to; a frame larger than this streams
+/// through.
+const MAX_READ_BUFFER: usize = 64 * 1024;
 /// Frames the relay may queue for one sink (pongs, closes).
 const QUEUED_FRAMES: usize = 16;
 /// Longest close reason (RFC 6455 §5.5: control payloads are at most 125
 /// bytes, two of which are the code).
 const MAX_CLOSE_REASON: usize = 123;
+
+/// The frames one direction makes for the other's sink (pongs, closes):
+/// rarely any, so a small shared queue rather than a channel (tokio's
+/// `mpsc` allocates its first block of 32 slots up front: about 1.5 KB per
+/// direction with the channel itself).
+#[derive(Default)]
+struct Mailbox {
+    state: std::sync::Mutex<MailState>,
+    posted: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct MailState {
+    frames: std::collections::VecDeque<Made>,
+    /// The sending side is gone: nothing more will come.
+    closed: bool,
+}
+
+/// The sending side of a [`Mailbox`]; dropping it closes the box.
+struct Outbox(std::sync::Arc<Mailbox>);
+
+/// The receiving side of a [`Mailbox`].
+struct Inbox(std::sync::Arc<Mailbox>);
+
+fn mailbox() -> (Outbox, Inbox) {
+    let shared = std::sync::Arc::new(Mailbox::default());
+    (Outbox(shared.clone()), Inbox(shared))
+}
+
+impl Outbox {
+    /// Queues `made` unless [`QUEUED_FRAMES`] wait already.
+    fn try_send(&self, made: Made) {
+        let mut state = self.0.state.locked();
+        if state.frames.len() < QUEUED_FRAMES {
+            state.frames.push_back(made);
+            drop(state);
+            self.0.posted.notify_one();
+        }
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        self.0.state.locked().closed = true;
+        self.0.posted.notify_one();
+    }
+}
+
+impl Inbox {
+    fn try_recv(&mut self) -> Option<Made> {
+        self.0.state.locked().frames.pop_front()
+    }
+
+    /// The next frame; `None` once the box is closed and empty.
+    async fn recv(&mut self) -> Option<Made> {
+        loop {
+            {
+                let mut state = self.0.state.locked();
+                if let Some(made) = state.frames.pop_front() {
+                    return Some(made);
+                }
+                if state.closed {
+                    return None;
+                }
+            }
+            self.0.posted.notified().await;
+        }
+    }
+}
 
 /// Which peer a sink writes to; it decides masking (RFC 6455 §5.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +165,27 @@ fn truncate(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+/// Reads into `buf`, which must have room. While the source has nothing
+/// to read, an empty `buf` is let go, and taken again (`size`) when the
+/// source wakes the relay: an idle direction holds no buffer.
+async fn read_some<R: AsyncRead + Unpin>(
+    source: &mut R,
+    buf: &mut BytesMut,
+    size: usize,
+) -> std::io::Result<usize> {
+    std::future::poll_fn(|cx| {
+        if buf.capacity() == 0 {
+            buf.reserve(size);
+        }
+        let read = std::pin::pin!(source.read_buf(buf)).poll(cx);
+        if read.is_pending() && buf.is_empty() {
+            *buf = BytesMut::new();
+        }
+        read
+    })
+    .await
 }
 
 /// One side of the relay: its two halves and the bytes hyper had already
@@ -162,8 +261,8 @@ pub(super) async fn relay(
 ) {
     // Let go when the relay ends, with the socket.
     let _slots = (client.slot, module.slot);
-    let (to_client, to_client_queue) = mpsc::channel(QUEUED_FRAMES);
-    let (to_module, to_module_queue) = mpsc::channel(QUEUED_FRAMES);
+    let (to_client, to_client_queue) = mailbox();
+    let (to_module, to_module_queue) = mailbox();
     // Set once a close has crossed (or been made): the rest has a deadline.
     let closing = CancellationToken::new();
     let upstream = Direction {
@@ -211,9 +310,9 @@ struct Direction<R, W> {
     early: Bytes,
     sink: W,
     /// Frames made for this sink by the other direction.
-    queue: mpsc::Receiver<Made>,
+    queue: Inbox,
     /// Frames for the source's peer, written by the other direction.
-    reply: mpsc::Sender<Made>,
+    reply: Outbox,
     max_message: usize,
     closing: CancellationToken,
 }
@@ -261,6 +360,7 @@ where
         shutdown: &CancellationToken,
         name: &str,
     ) {
+        let mut size = READ_BUFFER;
         let mut buf = BytesMut::with_capacity(READ_BUFFER.max(self.early.len()));
         buf.extend_from_slice(&std::mem::take(&mut self.early));
         let mut position = Position::Boundary;
@@ -273,7 +373,7 @@ where
                 .forward(&mut buf, &mut position, &mut message, &mut closed)
                 .await
             {
-                self.finish(stop, position, closed, name).await;
+                Box::pin(self.finish(stop, position, closed, name)).await;
                 return;
             }
         }
@@ -308,22 +408,30 @@ where
                         self.closing.cancel();
                     }
                 }
-                read = self.source.read_buf(&mut buf) => match read {
+                read = read_some(&mut self.source, &mut buf, size) => match read {
                     Ok(0) => break Stop::Eof,
                     Err(e) => break Stop::Io(e),
                     Ok(_) => {
+                        // The read took all the room there was: more is coming.
+                        if buf.len() == buf.capacity() && size < MAX_READ_BUFFER {
+                            size *= 2;
+                        }
                         match self.forward(&mut buf, &mut position, &mut message, &mut closed).await {
                             Ok(()) => {}
                             Err(stop) => break stop,
                         }
-                        if buf.capacity() - buf.len() < READ_BUFFER / 4 {
-                            buf.reserve(READ_BUFFER);
+                        if buf.is_empty() && buf.capacity() < size {
+                            // Back to the front: no copy, no allocation.
+                            let _ = buf.try_reclaim(size);
+                        }
+                        if buf.capacity() - buf.len() < size / 4 {
+                            buf.reserve(size);
                         }
                     }
                 },
             }
         };
-        self.finish(stop, position, closed, name).await;
+        Box::pin(self.finish(stop, position, closed, name)).await;
     }
 
     /// Forwards every complete piece of `buf`, answering pings and checking
@@ -384,7 +492,7 @@ where
                                 }
                                 // A full queue means the peer is not reading
                                 // its pongs anyway.
-                                let _ = self.reply.try_send(Made::Pong(payload));
+                                self.reply.try_send(Made::Pong(payload));
                             }
                             buf.advance(total);
                             continue;
@@ -510,7 +618,7 @@ where
             }
         }
         if let Some((code, reason)) = to_source {
-            let _ = self.reply.try_send(Made::Close(code, reason));
+            self.reply.try_send(Made::Close(code, reason));
         }
         if let Some((code, reason)) = to_sink {
             if at_boundary && !closed {
@@ -521,7 +629,7 @@ where
         self.closing.cancel();
         // Frames the other direction still queued for this sink (a close
         // reply, say) go out before the stream ends.
-        while let Ok(made) = self.queue.try_recv() {
+        while let Some(made) = self.queue.try_recv() {
             if !at_boundary {
                 break;
             }

@@ -9,6 +9,9 @@ Routes:
   GET /bench/stream?bytes=N  N bytes (default 1 GiB), chunked, in 64 KiB writes
   GET /bench/ws              websocket echo (text and binary)
 
+`--prefix /bench3` serves the three /bench routes under /bench3 instead, so
+that several of these modules can run under one host (bench/conn_scale.sh).
+
 Access logging is off: the benchmark measures the proxy, not log writes.
 """
 
@@ -75,15 +78,17 @@ async def ws_echo(request: web.Request) -> web.WebSocketResponse:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--socket", default=os.environ.get("RAY_DASHD_SOCKET"))
+    parser.add_argument("--prefix", default="/bench", help="path prefix of the /bench routes")
     args = parser.parse_args()
+    prefix = args.prefix.rstrip("/")
     if not args.socket:
         print("aiohttp_backend: set RAY_DASHD_SOCKET or pass --socket", file=sys.stderr)
         return 64
     app = web.Application()
     app.router.add_get("/api/healthz", healthz)
-    app.router.add_get("/bench/small", small)
-    app.router.add_get("/bench/stream", stream)
-    app.router.add_get("/bench/ws", ws_echo)
+    app.router.add_get(f"{prefix}/small", small)
+    app.router.add_get(f"{prefix}/stream", stream)
+    app.router.add_get(f"{prefix}/ws", ws_echo)
     print(f"aiohttp_backend pid={os.getpid()} socket={args.socket}", flush=True)
     # run_app turns SIGTERM/SIGINT into a graceful stop, which is how
     # ray-dashd stops a module.

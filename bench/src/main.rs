@@ -7,7 +7,7 @@
 //! uses it too, against Ray's own dashboard and ray-dashd on one Ray head,
 //! with the process-tree subcommands (`find-descendant`, `tree-mem`,
 //! `stop-tree`), `startup` and `ray-report`; `ray_scale.sh` with
-//! `poll-mix`.
+//! `poll-mix`; `conn_scale.sh` with `idle-conns` and `ws-hold`.
 //!
 //! # Runtime
 //!
@@ -22,6 +22,7 @@
 //! 9.7 µs): the second client thread only takes a core away from the
 //! backend and the proxy. Hence one thread.
 
+mod conns;
 mod fake_raylets;
 mod http_load;
 mod killtest;
@@ -114,6 +115,14 @@ enum Command {
     /// A byte relay with no protocol (the floor of any proxy hop) from a
     /// loopback TCP port to a target, until SIGTERM: {connections, ...}.
     TcpRelay(TcpRelayArgs),
+    /// N idle keep-alive HTTP/1.1 connections (one GET each) or websockets
+    /// (one echo each) held at once, and the host's and modules' memory
+    /// before, connected, used once and closed: {mem, per_connection, ...}.
+    IdleConns(IdleConnsArgs),
+    /// Probes and a request burst with nothing held, then with N websockets
+    /// held, each echoing every period; all must echo at the end:
+    /// {probes_before, probes_held, burst_before, burst_held, echo, ...}.
+    WsHold(WsHoldArgs),
 }
 
 /// Where to send load, as `unix:/path/to.sock` or `tcp:127.0.0.1:PORT`.
@@ -409,6 +418,83 @@ struct TcpRelayArgs {
     to: Target,
 }
 
+/// The processes whose memory `idle-conns` and `ws-hold` read.
+#[derive(Debug, Args)]
+struct ScaleProcs {
+    /// ray-dashd's pid.
+    #[arg(long)]
+    host_pid: u32,
+    /// The modules' pids (comma-separated), summed.
+    #[arg(long, value_delimiter = ',')]
+    module_pids: Vec<u32>,
+    /// Connections opened (or websocket handshakes made) at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+}
+
+#[derive(Debug, Args)]
+struct IdleConnsArgs {
+    /// ray-dashd, `tcp:127.0.0.1:PORT`.
+    #[arg(long)]
+    target: Target,
+    /// `http`: keep-alive connections, one GET each; `ws`: websockets, one
+    /// echo each.
+    #[arg(long, value_enum)]
+    kind: conns::Kind,
+    /// The GET path (http) or a websocket path (ws; repeat the flag to
+    /// spread them over several, used in turn).
+    #[arg(long = "path", required = true)]
+    paths: Vec<String>,
+    /// Connections held at once.
+    #[arg(long, default_value_t = 10_000)]
+    connections: usize,
+    /// Seconds between a step and the memory reading after it. ray-dashd
+    /// closes a keep-alive connection idle for 30 s, so keep it short.
+    #[arg(long, default_value_t = 2.0)]
+    settle: f64,
+    #[command(flatten)]
+    procs: ScaleProcs,
+}
+
+#[derive(Debug, Args)]
+struct WsHoldArgs {
+    /// ray-dashd, `tcp:127.0.0.1:PORT`.
+    #[arg(long)]
+    target: Target,
+    /// A websocket echo path (repeat the flag for more; used in turn).
+    #[arg(long = "ws-path", required = true)]
+    ws_paths: Vec<String>,
+    /// Websockets held at once.
+    #[arg(long, default_value_t = 10_000)]
+    websockets: usize,
+    /// The path probed, on a new connection each time.
+    #[arg(long, default_value = "/api/healthz")]
+    probe_path: String,
+    /// Milliseconds between two probes.
+    #[arg(long, default_value_t = 20)]
+    probe_ms: u64,
+    /// Seconds of probes with nothing held.
+    #[arg(long, default_value_t = 10.0)]
+    baseline: f64,
+    /// Seconds the websockets are held, echoing, and probed meanwhile.
+    #[arg(long, default_value_t = 30.0)]
+    hold: f64,
+    /// Seconds between two echoes of one websocket.
+    #[arg(long, default_value_t = 5.0)]
+    echo_every: f64,
+    /// The http route of the burst.
+    #[arg(long)]
+    burst_path: String,
+    /// Requests of the burst, all at once, each on a new connection.
+    #[arg(long, default_value_t = 400)]
+    burst: usize,
+    /// Kernel clock ticks per second (`getconf CLK_TCK`).
+    #[arg(long, default_value_t = 100)]
+    clk_tck: u64,
+    #[command(flatten)]
+    procs: ScaleProcs,
+}
+
 fn secs(value: f64, what: &str) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(value)
         .map_err(|_| anyhow::anyhow!("{what} must be a non-negative number of seconds"))
@@ -515,6 +601,38 @@ async fn run(command: Command) -> anyhow::Result<String> {
             .await?
         }
         Command::TcpRelay(a) => tcp_relay::run(a.listen, a.to).await?,
+        Command::IdleConns(a) => {
+            conns::idle(conns::IdlePlan {
+                target: a.target,
+                kind: a.kind,
+                paths: a.paths,
+                connections: a.connections.max(1),
+                concurrency: a.procs.concurrency.max(1),
+                settle: secs(a.settle, "--settle")?,
+                host_pid: a.procs.host_pid,
+                module_pids: a.procs.module_pids,
+            })
+            .await?
+        }
+        Command::WsHold(a) => {
+            conns::hold(conns::HoldPlan {
+                target: a.target,
+                ws_paths: a.ws_paths,
+                websockets: a.websockets.max(1),
+                concurrency: a.procs.concurrency.max(1),
+                probe_path: a.probe_path,
+                probe_every: Duration::from_millis(a.probe_ms.max(1)),
+                baseline: secs(a.baseline, "--baseline")?,
+                hold: secs(a.hold, "--hold")?,
+                echo_every: secs(a.echo_every, "--echo-every")?.max(Duration::from_millis(10)),
+                burst_path: a.burst_path,
+                burst: a.burst,
+                host_pid: a.procs.host_pid,
+                module_pids: a.procs.module_pids,
+                clk_tck: a.clk_tck,
+            })
+            .await?
+        }
         Command::FakeRaylets(a) => fake_raylets::run(&a.input, &a.ports_file).await?,
         Command::PollMix(a) => {
             poll_mix::run(poll_mix::Plan {

@@ -147,7 +147,7 @@ async fn worker(
 }
 
 /// Sends one message and waits for its echo.
-async fn echo(socket: &mut Socket, payload: &str) -> anyhow::Result<()> {
+pub(crate) async fn echo(socket: &mut Socket, payload: &str) -> anyhow::Result<()> {
     socket.send(Message::text(payload)).await.context("send")?;
     loop {
         match socket.next().await {

@@ -23,28 +23,16 @@ async fn connections(d: &Dashd) -> Value {
     d.module("tm").await["connections"].clone()
 }
 
-/// Waits until `open` connections to the module are open.
-async fn wait_open(d: &Dashd, open: u64) {
-    let opened = eventually(WAIT, || async {
-        (connections(d).await["open"].as_u64() == Some(open)).then_some(())
+/// Waits until the module's `connections[field]` (`open`, `queued`…) is
+/// `n`.
+async fn wait_connections(d: &Dashd, field: &str, n: u64) {
+    let reached = eventually(WAIT, || async {
+        (connections(d).await[field].as_u64() == Some(n)).then_some(())
     })
     .await;
     assert!(
-        opened.is_some(),
-        "{open} connections never opened: {}",
-        connections(d).await
-    );
-}
-
-/// Waits until `requests` requests wait for a connection to the module.
-async fn wait_queued(d: &Dashd, requests: u64) {
-    let queued = eventually(WAIT, || async {
-        (connections(d).await["queued"].as_u64() == Some(requests)).then_some(())
-    })
-    .await;
-    assert!(
-        queued.is_some(),
-        "{requests} requests never queued: {}",
+        reached.is_some(),
+        "connections.{field} never reached {n}: {}",
         connections(d).await
     );
 }
@@ -92,9 +80,9 @@ async fn a_full_queue_is_answered_503_with_retry_after() {
     d.healthy("tm", 0).await;
     let client = client();
     let slow = tokio::spawn(client.get(d.url("/test/slow?ms=600000")).send());
-    wait_open(&d, 1).await;
+    wait_connections(&d, "open", 1).await;
     let waiting = tokio::spawn(client.get(d.url("/test/echo")).send());
-    wait_queued(&d, 1).await;
+    wait_connections(&d, "queued", 1).await;
 
     let refused = client
         .get(d.url("/test/echo"))
@@ -146,7 +134,7 @@ async fn a_request_queued_past_its_deadline_gets_504() {
         .start();
     d.healthy("tm", 0).await;
     let slow = tokio::spawn(client().get(d.url("/test/slow?ms=600000")).send());
-    wait_open(&d, 1).await;
+    wait_connections(&d, "open", 1).await;
 
     let timed_out = tokio::time::timeout(WAIT, client().get(d.url("/test/echo")).send())
         .await

@@ -10,8 +10,11 @@
 //!    programs the binary carries besides the server), [`wheel`] (the
 //!    Python environment the wheel installed the binary into) and
 //!    [`descriptors`] (the open-file limit and the client connections it
-//!    leaves room for), [`fault`] (faults tests inject): the foundations (of which `cli` names `builtin`,
-//!    `session` names `error` and `logging` names `session`).
+//!    leaves room for), [`fault`] (faults tests inject), [`sched`] (the
+//!    CPU time slices of the host's threads), [`allocator`] (glibc's
+//!    malloc settings): the foundations (of which
+//!    `cli` names `builtin`, `session` names `error` and `logging` names
+//!    `session`).
 //! 2. [`routes`]: what a module route is and the table that finds it, and
 //!    the host's own routes, declared once ([`routes::host`]).
 //!    [`metrics`]: the host's series and their text format (the proxy
@@ -30,6 +33,7 @@
 //!    accept loop.
 //! 8. This file ([`launch`], [`run`]) and `main.rs`.
 
+pub mod allocator;
 pub mod builtin;
 pub mod cli;
 pub mod config;
@@ -43,6 +47,7 @@ pub mod proxy;
 pub mod ray;
 pub mod reload;
 pub mod routes;
+pub mod sched;
 pub mod server;
 pub mod session;
 pub mod shutdown;
@@ -55,7 +60,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cli::Cli;
 use crate::config::Config;
@@ -152,6 +157,12 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
     // Held until `launch` returns, after everything else stopped: its drop
     // flushes the last lines (the exit's reasons) to stderr and the file.
     let _log_guard = logging::init(&session);
+    if allocator::map_large_blocks() {
+        debug!(
+            from = allocator::MAP_FROM,
+            "large blocks are mapped on their own"
+        );
+    }
     let nofile = descriptors::raise_nofile_limit();
     // Before Ray's zygote (the first module) may start.
     supervisor::contain(config.server.cgroups);
@@ -163,8 +174,11 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
             builder
         }
     };
+    // Its blocking pool (and the workers of a multi-threaded runtime) keep
+    // the default time slice; see `sched`.
     let runtime = builder
         .enable_all()
+        .on_thread_start(sched::default_slice)
         .build()
         .map_err(StartupError::Runtime)?;
     // What a reload reads again: the config as the command line names it,
@@ -194,6 +208,14 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
         Session::check_socket_path(&session.socket_path(&module.name))?;
     }
     let reload = ReloadSource::new(cli, file_modules, &config);
+    // One thread serves everything: it asks for short time slices, so that
+    // a probe waits less for a CPU on a busy head.
+    if config.server.worker_threads == 1 {
+        match sched::set_slice(Some(sched::SERVING_SLICE)) {
+            Ok(()) => debug!(slice = ?sched::SERVING_SLICE, "serving thread's time slice set"),
+            Err(error) => debug!(%error, "serving thread's time slice left at the default"),
+        }
+    }
     let served = runtime.block_on(async {
         let addr = SocketAddr::new(config.host, config.port);
         let listener = bind_listener(addr).map_err(|source| StartupError::Bind { addr, source })?;

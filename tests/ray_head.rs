@@ -91,6 +91,13 @@ async fn ray_cli_works_through_ray_dashd() {
         1,
         "{zygote_log}"
     );
+    // Each module has set glibc's malloc to give memory back, both
+    // settings taken (none is in the environment here).
+    file_with(
+        &head.session().join("logs/dashboard_NodeHead.err"),
+        "lean malloc (malloc_trim_threshold, malloc_arena_max; trim every 10s)",
+    )
+    .await;
     // With Ray's modules comes the Ray Client proxy.
     ray_module_healthy(&d, &authed(), "ray_client_proxy").await;
     // Its servers' ports come from the kernel: `hosting` sets

@@ -44,6 +44,8 @@ Optional environment (ray-dashd or the config may set these):
                           i.e. RAY_LOGGER_LEVEL or "info").
   RAY_DASHD_RAY_ANY_VERSION=1  try a Ray older than the oldest supported one.
   RAY_DASHD_GCS_TIMEOUT_SECS   how long to wait for the GCS at start (default 10).
+  RAY_DASHD_PY_MALLOC     "lean" (default): glibc's malloc gives memory back
+                          (see lean_malloc()); "default": left as glibc sets it.
 
 Exit codes: 64 for a bad invocation or an incompatible Ray; 1 when the Ray
 session cannot be found or reached (ray-dashd retries with backoff); whatever
@@ -51,6 +53,7 @@ Ray's module exits with otherwise (15 after SIGTERM).
 """
 
 import asyncio
+import ctypes
 import logging
 import os
 import socket
@@ -180,6 +183,56 @@ def discover_session(internals: dashd_ray.RayInternals, session_dir: str) -> dic
         "session_dir": real_session,
         "temp_dir": temp_dir,
     }
+
+
+# glibc's mallopt() parameters (malloc.h).
+M_TRIM_THRESHOLD = -1
+M_ARENA_MAX = -8
+# What lean_malloc() sets, each unless the operator set it in the
+# environment (glibc has applied that already; GLIBC_TUNABLES naming
+# glibc.malloc leaves both alone).
+LEAN_MALLOC = (
+    ("MALLOC_TRIM_THRESHOLD_", M_TRIM_THRESHOLD, 1 << 20),
+    ("MALLOC_ARENA_MAX", M_ARENA_MAX, 2),
+)
+# How often lean_malloc()'s thread hands free heap pages back.
+TRIM_EVERY_SECS = 10.0
+
+
+def lean_malloc() -> str:
+    """Has glibc's malloc give back what a module frees; says what it did.
+
+    A Ray module on a big cluster builds answers of megabytes again and
+    again. With glibc's defaults the pages those answers leave free inside
+    the heap stay with the process (only the heap's top is ever returned,
+    and a freed large block raises the threshold below which blocks come
+    from the heap), and each thread of the module's executors gets an arena
+    of its own (up to 8 per core) with pages of its own. Here: two arenas at
+    most, the heap's top returned beyond 1 MiB free, and a thread that hands
+    the free pages inside the heaps back (malloc_trim) every
+    TRIM_EVERY_SECS.
+    """
+    if os.environ.get("RAY_DASHD_PY_MALLOC", "lean") != "lean":
+        return "malloc left at glibc's defaults (RAY_DASHD_PY_MALLOC)"
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
+    except (OSError, AttributeError):
+        return "malloc left alone (not glibc)"
+    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return "malloc left to GLIBC_TUNABLES"
+    set_here = []
+    for var, param, value in LEAN_MALLOC:
+        if var not in os.environ and mallopt(param, value) == 1:
+            set_here.append(var.rstrip("_").lower())
+
+    def trim():
+        while True:
+            time.sleep(TRIM_EVERY_SECS)
+            malloc_trim(0)
+
+    threading.Thread(target=trim, name="malloc-trim", daemon=True).start()
+    return f"lean malloc ({', '.join(set_here) or 'environment settings kept'}; trim every {TRIM_EVERY_SECS:g}s)"
 
 
 def log_level() -> int:
@@ -383,6 +436,7 @@ def host(internals, module_cls, env: dict, started: float, watch) -> None:
         f"(GCS {facts['gcs_address']}, session {facts['session_name']}, "
         f"checks took {time.monotonic() - started:.2f}s)")
 
+    say(lean_malloc())
     signal = ReadySignal()
     internals.run_module(
         hosted_class(module_cls, signal, watch),

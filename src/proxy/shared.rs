@@ -473,7 +473,14 @@ async fn fetch(
     super::strip_hop_by_hop(&mut head.headers);
     let mut body = super::CancelableBody::new(body, &gate.cancel, module.shared_name())
         .counted(module.metrics().bytes_out().clone(), None);
-    let mut collected = BytesMut::new();
+    // One allocation when the module says how long its answer is, not a
+    // series of doublings (each a large block freed).
+    let announced = head
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut collected = BytesMut::with_capacity(announced.min(MAX_ANSWER_BYTES + 1));
     let read = async {
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| ProxyError::Upstream {

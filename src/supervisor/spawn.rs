@@ -165,6 +165,8 @@ fn start_launcher() -> io::Result<mpsc::Sender<Job>> {
     std::thread::Builder::new()
         .name("dashd-launcher".into())
         .spawn(move || {
+            // It forks the modules, which inherit its scheduling.
+            crate::sched::default_slice();
             for job in queue {
                 // A start that panics fails its own caller only.
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
@@ -343,7 +345,8 @@ fn prepare_child(
     priority: Option<i32>,
 ) {
     // SAFETY: the closure runs between fork and exec and makes only
-    // async-signal-safe system calls (write, setrlimit, setpriority); it allocates
+    // async-signal-safe system calls (write, setrlimit, setpriority,
+    // getpriority, sched_setattr); it allocates
     // nothing and takes no lock. The descriptor stays open in the parent
     // until the spawn has returned.
     unsafe {
@@ -362,6 +365,9 @@ fn prepare_child(
                 // leaves the module at the host's.
                 let _ = rustix::process::setpriority_process(None, priority);
             }
+            // Whichever thread forked it, the default time slice (after
+            // the nice value, which it keeps).
+            crate::sched::default_slice();
             Ok(())
         });
     }

@@ -38,7 +38,7 @@ BUILD=${BENCH_BUILD:-0}                   # 1: cargo build --release first
 MODULES=${BENCH_RAY_MODULES:-9}           # ray-dashd is ready when this many modules are healthy
 DASHD_TOML=${BENCH_DASHD_TOML:-}          # extra lines for ray-dashd's config (after [ray])
 DASHD_ENV=${BENCH_DASHD_ENV:-}            # extra NAME=VALUE words for ray-dashd's environment
-ORDER=${BENCH_ORDER:-"ray dashd"}         # which dashboard goes first
+ORDER=${BENCH_ORDER:-"ray dashd"}         # which dashboard goes first; dashd2..dashd9: variants of ray-dashd
 MIX_TIMEOUT=${BENCH_MIX_TIMEOUT:-30}      # a mix request's timeout (Ray's release test: 30 s)
 PROBE_TIMEOUT=${BENCH_PROBE_TIMEOUT:-1}   # a probe's timeout
 ACCEPT_ENCODING=${BENCH_ACCEPT_ENCODING-"gzip, deflate, br, zstd"}
@@ -52,7 +52,13 @@ TIMEOUT=300                               # bound on every wait for a start or a
 LC_NUMERIC=C
 [[ "$DURATION" =~ ^[0-9]+$ && "$DURATION" -ge 4 ]] || die "BENCH_DURATION must be a whole number of seconds, 4 or more"
 [[ "$CLIENTS" =~ ^[0-9]+$ ]] || die "BENCH_CLIENTS must be a number"
-for s in $ORDER; do [[ $s == ray || $s == dashd ]] || die "BENCH_ORDER: ray and/or dashd, not $s"; done
+for s in $ORDER; do [[ $s =~ ^(ray|dashd[2-9]?)$ ]] || die "BENCH_ORDER: ray, dashd and dashd2..dashd9, not $s"; done
+
+# A variant dashdN runs BENCH_DASHDN_BIN (default: BENCH_DASHD_BIN) with
+# BENCH_DASHDN_ENV (default: BENCH_DASHD_ENV), to compare two builds or
+# settings on the same cluster in one run.
+variant_bin() { local v="BENCH_${1^^}_BIN"; [[ $1 == dashd ]] && echo "$DASHD_BIN" || echo "${!v:-$DASHD_BIN}"; }
+variant_env() { local v="BENCH_${1^^}_ENV"; [[ $1 == dashd ]] && echo "$DASHD_ENV" || echo "${!v-$DASHD_ENV}"; }
 
 PY=$VENV/bin/python
 [[ -x "$PY" && -x "$VENV/bin/ray" ]] || die "$VENV has no python and ray; run scripts/test once (it creates target/test-venv) or set BENCH_RAY_VENV"
@@ -63,8 +69,13 @@ if [[ "$BUILD" == 1 ]]; then
     (cd "$ROOT" && cargo build --release -p ray-dashd -p ray-dashd-bench) >&2
 fi
 [[ -x "$LOADGEN" ]] || die "no load tool at $LOADGEN: BENCH_BUILD=1, or BENCH_LOADGEN=path/to/ray-dashd-bench"
-[[ " $ORDER " != *" dashd "* || -x "$DASHD_BIN" ]] || die "no ray-dashd at $DASHD_BIN: BENCH_BUILD=1, or BENCH_DASHD_BIN=path/to/ray-dashd"
+for s in $ORDER; do
+    [[ $s == ray || -x "$(variant_bin "$s")" ]] || die "no ray-dashd at $(variant_bin "$s") for $s: BENCH_BUILD=1, or BENCH_DASHD_BIN=path/to/ray-dashd"
+done
 
+steal_ticks() { # time the hypervisor ran something else on our vCPUs, all cores
+    awk '/^cpu /{print $9}' /proc/stat
+}
 cpu_busy_pct() { # CPU busy over one second, all cores, in percent
     local a b
     a=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
@@ -84,6 +95,7 @@ HEAD_PID=""   # `ray start --block`, leader of its own process group
 SYNTH_PID=""  # ray_synth_cluster.py (its driver and fake raylets below it)
 DASH_PID=""   # the dashboard being measured, root of its tree
 LOAD_PID=""   # poll-mix
+WALK_RAY_PID=""  # Ray's dashboard beside ray-dashd during the UI walk
 
 alive() { # pid: running (a zombie is not)
     local state
@@ -138,6 +150,7 @@ cleanup() {
     local status=$?
     stop_pid "$LOAD_PID" 5
     stop_dashboard
+    DASH_PID=$WALK_RAY_PID stop_dashboard
     # The script stops its driver and its fake raylets on SIGTERM.
     stop_pid "$SYNTH_PID" 30
     stop_head
@@ -328,9 +341,9 @@ launch() { # system: starts it in the background; sets DASH_PID, PORT, LOGFILE, 
         (cd "$RAY_CWD" && exec setsid env -i "${RAY_DASH_ENV[@]}" "${RAY_DASH_ARGV[@]}") \
             >>"$LOGFILE" 2>&1 </dev/null &
     else
-        PORT=$DASHD_PORT LOGFILE=$TMP/dashd.log
-        # shellcheck disable=SC2086 # DASHD_ENV is a list of NAME=VALUE words
-        env "${RAY_ENV[@]}" $DASHD_ENV "$DASHD_BIN" \
+        PORT=$DASHD_PORT LOGFILE=$TMP/$system.log
+        # shellcheck disable=SC2046 # the environment is a list of NAME=VALUE words
+        env "${RAY_ENV[@]}" $(variant_env "$system") "$(variant_bin "$system")" \
             --session-dir "$SESSION" --port "$DASHD_PORT" --config "$TMP/dashd.toml" \
             >>"$LOGFILE" 2>&1 </dev/null &
     fi
@@ -342,7 +355,7 @@ wait_ready() { # system pid: prints startup's JSON once the dashboard answers
     if [[ $system == ray ]]; then
         port=$RAY_DASH_PORT logfile=$TMP/ray-dashboard.log
     else
-        port=$DASHD_PORT logfile=$TMP/dashd.log
+        port=$DASHD_PORT logfile=$TMP/$system.log
         modules_arg=(--modules "$MODULES")
     fi
     for p in "${MIX[@]}"; do [[ $p == /api/prometheus_health || $p == /api/v0/logs* ]] || ready_paths+=(--path "$p"); done
@@ -356,7 +369,7 @@ wait_ready() { # system pid: prints startup's JSON once the dashboard answers
 
 measure() { # system
     local system=$1 name out errors0 errors1 before after half
-    if [[ $system == ray ]]; then name="Ray's dashboard"; else name=ray-dashd; fi
+    if [[ $system == ray ]]; then name="Ray's dashboard"; elif [[ $system == dashd ]]; then name=ray-dashd; else name="ray-dashd ($system)"; fi
     alive "$HEAD_PID" || die "the Ray head (pid $HEAD_PID) is gone; see $TMP/head.log"
     alive "$SYNTH_PID" || die "ray_synth_cluster.py is gone; see $TMP/synth.log"
     errors0=$(error_lines)
@@ -367,7 +380,9 @@ measure() { # system
     sleep "$SETTLE"
     out=$("$LOADGEN" tree-mem --pid "$DASH_PID") || die "cannot read the memory of pid $DASH_PID"
     record mem_idle "$system" "$out"
-    if [[ $system == dashd ]]; then
+    if [[ $system == dashd* ]]; then
+        record variant "$system" "$("$PY" -c 'import json, sys; print(json.dumps({"bin": sys.argv[1], "env": sys.argv[2]}))' \
+            "$(variant_bin "$system")" "$(variant_env "$system")")"
         before=$(modules_json "$PORT") || die "GET /api/modules failed"
         record modules_before "$system" "$before"
     fi
@@ -377,16 +392,18 @@ measure() { # system
         --accept-encoding "$ACCEPT_ENCODING" --cpu-tree "$DASH_PID" --clk-tck "$CLK_TCK" \
         >"$TMP/load.$system.json" 2>"$TMP/load.$system.err" &
     LOAD_PID=$!
+    steal0=$(steal_ticks)
     half=$((DURATION / 2))
     sleep "$half"
     out=$("$LOADGEN" tree-mem --pid "$DASH_PID") || die "cannot read the memory of pid $DASH_PID"
     record mem_mid "$system" "$out"
     wait "$LOAD_PID" || { cat "$TMP/load.$system.err" >&2; die "poll-mix failed on $name"; }
     LOAD_PID=""
+    record steal "$system" "{\"steal_s\":$(awk -v a="$steal0" -v b="$(steal_ticks)" -v t="$CLK_TCK" 'BEGIN{printf "%.2f", (b - a) / t}')}"
     record load "$system" "$(cat "$TMP/load.$system.json")"
     out=$("$LOADGEN" tree-mem --pid "$DASH_PID") || die "cannot read the memory of pid $DASH_PID"
     record mem_after "$system" "$out"
-    if [[ $system == dashd ]]; then
+    if [[ $system == dashd* ]]; then
         after=$(modules_json "$PORT") || die "GET /api/modules failed"
         record modules_after "$system" "$after"
     fi
@@ -424,6 +441,38 @@ if [[ " $ORDER " == *" ray "* && " $ORDER " == *" dashd "* && "${BENCH_ANSWERS:-
     NOISE=$("$PY" "$BENCH_DIR/compare_answers.py" --dirs "$TMP/answers.ray" "$TMP/answers.ray2" 2>&1) || true
 fi
 
+# --- Ray's web UI, walked side by side ----------------------------------------------------
+# Ray's dashboard on its port and ray-dashd on a port of the block, both up at
+# once on the same cluster: tests/ui/ray_walk.mjs opens every page of Ray's
+# web UI on both in headless Chromium and compares what they show.
+WALK="" WALK_STATUS=""
+if [[ " $ORDER " == *" ray "* && " $ORDER " == *" dashd "* && "${BENCH_UI_WALK:-1}" == 1 ]]; then
+    chromium=${RAY_DASHD_CHROMIUM:-/usr/bin/chromium}
+    if ! command -v node >/dev/null || [[ ! -d "$ROOT/tests/ui/node_modules/playwright-core" || ! -x "$chromium" ]]; then
+        WALK_STATUS="not run: it needs node, $chromium and tests/ui/node_modules (scripts/test sets them up; or npm ci --prefix tests/ui)"
+        log "UI walk $WALK_STATUS"
+    else
+        launch ray
+        WALK_RAY_PID=$DASH_PID
+        wait_ready ray "$DASH_PID" >/dev/null
+        DASHD_PORT=$((BASE + 20))
+        launch dashd
+        wait_ready dashd "$DASH_PID" >/dev/null
+        sleep "${BENCH_ANSWERS_SETTLE:-15}"
+        log "UI walk: Ray's dashboard :$RAY_DASH_PORT, ray-dashd :$DASHD_PORT"
+        if WALK=$(RAY_DASHD_CHROMIUM=$chromium node "$ROOT/tests/ui/ray_walk.mjs" --shots "$TMP/walk" \
+            "http://127.0.0.1:$RAY_DASH_PORT" "http://127.0.0.1:$DASHD_PORT" 2>&1); then
+            WALK_STATUS="every page the same"
+        else
+            WALK_STATUS="pages differ (screenshots and page texts in $TMP/walk with BENCH_KEEP=1)"
+        fi
+        stop_dashboard
+        DASH_PID=$WALK_RAY_PID WALK_RAY_PID=""
+        stop_dashboard
+        DASHD_PORT=$RAY_DASH_PORT
+    fi
+fi
+
 # --- report ------------------------------------------------------------------------------
 MODEL=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || echo unknown)
 REV=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -436,7 +485,7 @@ DIRTY=$(cd "$ROOT" && git status --porcelain --untracked-files=no 2>/dev/null | 
     echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV$DIRTY ($DASHD_BIN)${DASHD_TOML:+; extra config: $(tr '\n' ' ' <<<"$DASHD_TOML")}${DASHD_ENV:+; extra environment: $DASHD_ENV}"
     echo "- load, per dashboard, one after the other ($ORDER): ${DURATION} s; each mix path polled by $((CLIENTS + 1)) clients (Ray's release test's one + $CLIENTS), each once a second at most (the next poll when the answer is in and the second is over; timeout ${MIX_TIMEOUT} s), probes once a second (timeout ${PROBE_TIMEOUT} s, new connection each); Accept-Encoding: ${ACCEPT_ENCODING:-none}"
     echo
-    "$PY" - "$RAW" <<'EOF'
+    "$PY" - "$RAW" "$ORDER" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 by = {}
@@ -495,11 +544,16 @@ for s, name in (("ray", "Ray's dashboard"), ("dashd", "ray-dashd")):
     st = by.get(("startup", s))
     ld = by.get(("load", s))
     le = by.get(("log_errors", s))
+    sl = by.get(("steal", s))
+    probes = [e for e in (ld or {}).get("endpoints", []) if e.get("kind") == "probe"]
+    slow = "; ".join(f"`{e['path']}` " + ", ".join(f"{x['ms']:.0f} ms at {x['at_s']:.1f} s" for x in e.get("slowest", [])[:3]) for e in probes)
     if st:
         extra.append(f"- {name}: ready {st.get('ready_ms', 0) / 1000:.1f} s after launch"
                      + (f"; CPU of its tree during the load {ld['tree_cpu_s']:.1f} s of {ld['seconds']:.0f} s" if ld and "tree_cpu_s" in ld else "")
                      + (f"; load tool CPU {ld['loadgen_cpu_s']:.1f} s" if ld else "")
-                     + (f"; ERROR lines / tracebacks in the dashboard modules' logs meanwhile: {le['error_lines']}" if le else ""))
+                     + (f"; vCPU steal during the load {sl['steal_s']:.2f} s" if sl else "")
+                     + (f"; ERROR lines / tracebacks in the dashboard modules' logs meanwhile: {le['error_lines']}" if le else "")
+                     + (f"; slowest probes: {slow}" if slow else ""))
 b, a = by.get(("modules_before", "dashd")), by.get(("modules_after", "dashd"))
 if b and a:
     restarts = {m: a[m]["restarts"] - b.get(m, {}).get("restarts", 0) for m in a}
@@ -517,12 +571,37 @@ if synth:
             j=synth.get("jobs_in_gcs"), tn=t.get("nodes_s"), tj=t.get("jobs_s"), tt=t.get("tasks_s"),
             ta=t.get("actors_s")))
 print("\n".join(extra))
+# Variants of ray-dashd measured in the same run (BENCH_ORDER's dashd2...).
+variants = [v for v in sys.argv[2].split() if v.startswith("dashd")]
+if len(variants) > 1:
+    print()
+    print("ray-dashd's variants on the same cluster, one after the other (" + "; ".join(
+        f"{v}: {(by.get(('variant', v)) or {}).get('bin', '?')}, environment {(by.get(('variant', v)) or {}).get('env') or 'none'}" for v in variants) + "):")
+    print()
+    print("| p99 (max) | " + " | ".join(variants) + " |")
+    print("|---|" + "---:|" * len(variants))
+    vloads = {v: {e["path"]: e for e in (by.get(("load", v)) or {}).get("endpoints", [])} for v in variants}
+    for p in paths:
+        cells = [f"{ms(vloads[v][p].get('p99_ms'))} ({ms(vloads[v][p].get('max_ms'))})" if p in vloads[v] else "—" for v in variants]
+        print(f"| `{p}` | " + " | ".join(cells) + " |")
+    def row(label, get):
+        print(f"| {label} | " + " | ".join(get(v) for v in variants) + " |")
+    row("PSS mid-run", lambda v: f"{(by.get(('mem_mid', v)) or {}).get('total_pss_kib', 0) / 1024:.0f} MiB")
+    row("PSS after", lambda v: f"{(by.get(('mem_after', v)) or {}).get('total_pss_kib', 0) / 1024:.0f} MiB")
+    row("CPU of the tree", lambda v: f"{(by.get(('load', v)) or {}).get('tree_cpu_s', 0):.1f} s")
+    row("errors", lambda v: str(sum(e["errors"] for p, e in vloads[v].items() if p != "/api/prometheus_health")))
+    row("vCPU steal", lambda v: f"{(by.get(('steal', v)) or {}).get('steal_s', 0):.2f} s")
 EOF
     if [[ -n "$ANSWERS" ]]; then
         echo
         echo "Answers after the runs (each dashboard started again alone and idle: Ray's, ray-dashd, Ray's again), Ray's against ray-dashd's (JSON compared after parsing; time-varying fields left out, see bench/compare_answers.py):"
         echo
         sed 's/^/    /' <<<"$ANSWERS"
+    fi
+    if [[ -n "$WALK_STATUS" ]]; then
+        echo
+        echo "Ray's web UI in headless Chromium, Ray's dashboard and ray-dashd side by side on the same cluster, every page (tests/ui/ray_walk.mjs): $WALK_STATUS"
+        [[ -z "$WALK" ]] || { echo; sed 's/^/    /' <<<"$WALK"; }
     fi
     if [[ -n "$NOISE" ]]; then
         echo

@@ -7,8 +7,9 @@
 //! once, and the two sets are compared after parsing
 //! (`bench/compare_answers.py`, the fields that change by themselves left
 //! out) until they are the same: a cluster this size takes a while to
-//! settle. ray-dashd shares those answers and holds Ray's modules to the
-//! `[ray]` memory budget.
+//! settle. Ray's web UI is then walked page by page in a browser on both
+//! (`tests/ui/ray_walk.mjs`) and must show the same. ray-dashd shares
+//! those answers and holds Ray's modules to the `[ray]` memory budget.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -116,6 +117,24 @@ fn compare_answers(python: &Path, args: &[&str]) -> (bool, String) {
     (output.status.success(), text)
 }
 
+/// `tests/ui/ray_walk.mjs` on Ray's dashboard at `reference` and ray-dashd
+/// at `candidate` (headless Chromium, as scripts/test sets it up): whether
+/// every page agreed, and its report.
+fn walk_ray_ui(reference: &str, candidate: &str) -> (bool, String) {
+    let mut command = Command::new("node");
+    command
+        .arg(repo().join("tests/ui/ray_walk.mjs"))
+        .args(["--token", &token(), "--settle-ms", "1000"])
+        .args([reference, candidate]);
+    let output = run_bounded(command);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
 /// Waits until every path answers (any status: `/api/prometheus_health`
 /// answers 500 without a Prometheus) at `base`.
 async fn answering(base: &str) {
@@ -201,6 +220,11 @@ async fn a_synthetic_big_cluster_is_answered_as_rays_own_dashboard_answers() {
         "ray-dashd's answers differ from Ray's:\n{}",
         last.lock().expect("last")
     );
+
+    // Ray's web UI in a browser, every page: the same on both.
+    let (walked, out) = walk_ray_ui(&ray_base, &dashd_base);
+    assert!(walked, "Ray's web UI differs on ray-dashd:\n{out}");
+    assert!(out.lines().count() >= 10, "too few pages walked:\n{out}");
 
     // Shared, and within the budget, which ray-dashd reports.
     let shared = authed()

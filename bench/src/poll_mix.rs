@@ -83,7 +83,14 @@ struct Tally {
     /// Keep-alive connections the server had closed, replaced before the
     /// request was sent again (not an error).
     reconnects: u64,
+    /// The slowest answers: (when the request started, seconds into the
+    /// run; latency, µs), at most [`SLOWEST`], to line a tail up with what
+    /// else happened then.
+    slowest: Vec<(f64, u64)>,
 }
+
+/// How many of the slowest answers a tally keeps.
+const SLOWEST: usize = 5;
 
 impl Tally {
     fn new() -> Tally {
@@ -97,7 +104,15 @@ impl Tally {
             first_error: None,
             encoded: 0,
             reconnects: 0,
+            slowest: vec![],
         }
+    }
+
+    /// Keeps (`at`, `us`) if it is among the [`SLOWEST`] answers so far.
+    fn answered_in(&mut self, at: f64, us: u64) {
+        self.slowest.push((at, us));
+        self.slowest.sort_by_key(|s| std::cmp::Reverse(s.1));
+        self.slowest.truncate(SLOWEST);
     }
 
     fn error(&mut self, kind: &str, detail: String) {
@@ -118,6 +133,9 @@ impl Tally {
             self.first_error = other.first_error;
         }
         self.encoded += other.encoded;
+        for (at, us) in other.slowest {
+            self.answered_in(at, us);
+        }
         self.reconnects += other.reconnects;
         Ok(())
     }
@@ -224,7 +242,8 @@ async fn exchange(
 }
 
 /// One poller: `path` once a period from `first` until `end`.
-async fn poller(plan: Plan, path: String, kind: Kind, first: Instant, end: Instant) -> Tally {
+async fn poller(plan: Plan, path: String, kind: Kind, start: Instant, first: Instant) -> Tally {
+    let end = start + plan.duration;
     let mut tally = Tally::new();
     let timeout = match kind {
         Kind::Mix => plan.mix_timeout,
@@ -260,6 +279,7 @@ async fn poller(plan: Plan, path: String, kind: Kind, first: Instant, end: Insta
             }) => {
                 tally.answered += 1;
                 tally.hist.saturating_record(micros(elapsed));
+                tally.answered_in(t0.duration_since(start).as_secs_f64(), micros(elapsed));
                 tally.sizes.push(bytes);
                 tally.encoded += u64::from(encoded);
                 if status == StatusCode::OK {
@@ -322,7 +342,6 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<serde_json::Value> {
         "no paths to poll"
     );
     let start = Instant::now();
-    let end = start + plan.duration;
     let own_cpu = crate::procfs::CpuMeter::start(&[std::process::id()], plan.clk_tck)?;
     let tree_cpu_start = plan.cpu_tree.map(tree_ticks);
     let clients = plan.clients;
@@ -330,12 +349,12 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<serde_json::Value> {
     for c in 0..clients {
         let offset = plan.period.mul_f64(c as f64 / clients.max(1) as f64);
         for path in &plan.mix {
-            let job = poller(plan.clone(), path.clone(), Kind::Mix, start + offset, end);
+            let job = poller(plan.clone(), path.clone(), Kind::Mix, start, start + offset);
             tasks.push((path.clone(), Kind::Mix, tokio::spawn(job)));
         }
     }
     for path in &plan.probes {
-        let job = poller(plan.clone(), path.clone(), Kind::Probe, start, end);
+        let job = poller(plan.clone(), path.clone(), Kind::Probe, start, start);
         tasks.push((path.clone(), Kind::Probe, tokio::spawn(job)));
     }
     let mut tallies: Vec<(String, Kind, Tally)> = vec![];
@@ -375,6 +394,7 @@ pub(crate) async fn run(plan: Plan) -> anyhow::Result<serde_json::Value> {
             "bytes_max": t.sizes.last().copied(),
             "encoded": t.encoded,
             "reconnects": t.reconnects,
+            "slowest": t.slowest.iter().map(|&(at, us)| json!({"at_s": (at * 1000.0).round() / 1000.0, "ms": ms(us)})).collect::<Vec<_>>(),
         }));
     }
     let mut out = json!({

@@ -26,6 +26,7 @@ pub const SERVING_SLICE: Duration = Duration::from_micros(300);
 
 /// `struct sched_attr` of `sched_setattr(2)`, its first version (48 bytes).
 #[repr(C)]
+#[derive(Default)]
 struct SchedAttr {
     size: u32,
     sched_policy: u32,
@@ -100,16 +101,7 @@ mod tests {
     /// The calling thread's (sched_runtime, sched_nice).
     #[allow(unsafe_code)]
     fn current() -> (u64, i32) {
-        let mut attr = SchedAttr {
-            size: 0,
-            sched_policy: 0,
-            sched_flags: 0,
-            sched_nice: 0,
-            sched_priority: 0,
-            sched_runtime: 0,
-            sched_deadline: 0,
-            sched_period: 0,
-        };
+        let mut attr = SchedAttr::default();
         // SAFETY: `attr` is writable and as large as the size passed.
         let rc = unsafe {
             libc::syscall(

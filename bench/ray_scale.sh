@@ -55,10 +55,12 @@ LC_NUMERIC=C
 for s in $ORDER; do [[ $s =~ ^(ray|dashd[2-9]?)$ ]] || die "BENCH_ORDER: ray, dashd and dashd2..dashd9, not $s"; done
 
 # A variant dashdN runs BENCH_DASHDN_BIN (default: BENCH_DASHD_BIN) with
-# BENCH_DASHDN_ENV (default: BENCH_DASHD_ENV), to compare two builds or
+# BENCH_DASHDN_ENV (default: BENCH_DASHD_ENV) and BENCH_DASHDN_TOML (more
+# config lines, after BENCH_DASHD_TOML's), to compare two builds or
 # settings on the same cluster in one run.
 variant_bin() { local v="BENCH_${1^^}_BIN"; [[ $1 == dashd ]] && echo "$DASHD_BIN" || echo "${!v:-$DASHD_BIN}"; }
 variant_env() { local v="BENCH_${1^^}_ENV"; [[ $1 == dashd ]] && echo "$DASHD_ENV" || echo "${!v-$DASHD_ENV}"; }
+variant_toml() { local v="BENCH_${1^^}_TOML"; [[ $1 == dashd ]] || echo "${!v-}"; }
 
 PY=$VENV/bin/python
 [[ -x "$PY" && -x "$VENV/bin/ray" ]] || die "$VENV has no python and ray; run scripts/test once (it creates target/test-venv) or set BENCH_RAY_VENV"
@@ -95,6 +97,7 @@ HEAD_PID=""   # `ray start --block`, leader of its own process group
 SYNTH_PID=""  # ray_synth_cluster.py (its driver and fake raylets below it)
 DASH_PID=""   # the dashboard being measured, root of its tree
 LOAD_PID=""   # poll-mix
+TRACE_PID=""  # cpu_trace.py beside it
 WALK_RAY_PID=""  # Ray's dashboard beside ray-dashd during the UI walk
 
 alive() { # pid: running (a zombie is not)
@@ -149,6 +152,7 @@ stop_head() {
 cleanup() {
     local status=$?
     stop_pid "$LOAD_PID" 5
+    stop_pid "$TRACE_PID" 5
     stop_dashboard
     DASH_PID=$WALK_RAY_PID stop_dashboard
     # The script stops its driver and its fake raylets on SIGTERM.
@@ -286,7 +290,9 @@ mapfile -d '' -t RAY_DASH_ENV <"$TMP/ray-dashboard.env"
 DASH_PID=$ORIG_PID
 stop_dashboard
 
-cat >"$TMP/dashd.toml" <<EOF
+for s in $ORDER; do
+    [[ $s == ray ]] && continue
+    cat >"$TMP/$s.toml" <<EOF
 builtin_modules = false
 
 [server]
@@ -297,7 +303,9 @@ modules = "on"
 python = "$PY"
 client_port = 0
 $DASHD_TOML
+$(variant_toml "$s")
 EOF
+done
 
 # --- measurements -------------------------------------------------------------------
 mkdir -p "$RESULTS_DIR"
@@ -344,7 +352,7 @@ launch() { # system: starts it in the background; sets DASH_PID, PORT, LOGFILE, 
         PORT=$DASHD_PORT LOGFILE=$TMP/$system.log
         # shellcheck disable=SC2046 # the environment is a list of NAME=VALUE words
         env "${RAY_ENV[@]}" $(variant_env "$system") "$(variant_bin "$system")" \
-            --session-dir "$SESSION" --port "$DASHD_PORT" --config "$TMP/dashd.toml" \
+            --session-dir "$SESSION" --port "$DASHD_PORT" --config "$TMP/$system.toml" \
             >>"$LOGFILE" 2>&1 </dev/null &
     fi
     DASH_PID=$!
@@ -381,8 +389,8 @@ measure() { # system
     out=$("$LOADGEN" tree-mem --pid "$DASH_PID") || die "cannot read the memory of pid $DASH_PID"
     record mem_idle "$system" "$out"
     if [[ $system == dashd* ]]; then
-        record variant "$system" "$("$PY" -c 'import json, sys; print(json.dumps({"bin": sys.argv[1], "env": sys.argv[2]}))' \
-            "$(variant_bin "$system")" "$(variant_env "$system")")"
+        record variant "$system" "$("$PY" -c 'import json, sys; print(json.dumps({"bin": sys.argv[1], "env": sys.argv[2], "toml": sys.argv[3]}))' \
+            "$(variant_bin "$system")" "$(variant_env "$system")" "$(variant_toml "$system")")"
         before=$(modules_json "$PORT") || die "GET /api/modules failed"
         record modules_before "$system" "$before"
     fi
@@ -392,6 +400,8 @@ measure() { # system
         --accept-encoding "$ACCEPT_ENCODING" --cpu-tree "$DASH_PID" --clk-tck "$CLK_TCK" \
         >"$TMP/load.$system.json" 2>"$TMP/load.$system.err" &
     LOAD_PID=$!
+    "$PY" "$BENCH_DIR/cpu_trace.py" --out "$TMP/cpu.$system.jsonl" --duration "$DURATION" --tree "$DASH_PID" &
+    TRACE_PID=$!
     steal0=$(steal_ticks)
     half=$((DURATION / 2))
     sleep "$half"
@@ -399,8 +409,18 @@ measure() { # system
     record mem_mid "$system" "$out"
     wait "$LOAD_PID" || { cat "$TMP/load.$system.err" >&2; die "poll-mix failed on $name"; }
     LOAD_PID=""
+    wait "$TRACE_PID" || log "the CPU trace of $name failed"
+    TRACE_PID=""
     record steal "$system" "{\"steal_s\":$(awk -v a="$steal0" -v b="$(steal_ticks)" -v t="$CLK_TCK" 'BEGIN{printf "%.2f", (b - a) / t}')}"
     record load "$system" "$(cat "$TMP/load.$system.json")"
+    # Who had the CPU, over the run and around the slowest poll of the mix.
+    out=$("$PY" -c 'import json, sys
+polls = [s for e in json.load(open(sys.argv[1]))["endpoints"] if e.get("kind") == "mix" for s in e.get("slowest", [])]
+s = max(polls, key=lambda s: s["ms"], default={"at_s": 0, "ms": 0})
+print(s["at_s"] + s["ms"] / 2000, max(1.5, s["ms"] / 2000))' "$TMP/load.$system.json") \
+        && read -r at window <<<"$out" \
+        && out=$("$PY" "$BENCH_DIR/cpu_trace.py" --summary "$TMP/cpu.$system.jsonl" --at "$at" --window "$window") \
+        && record cpu "$system" "$out" || log "no CPU trace summary for $name"
     out=$("$LOADGEN" tree-mem --pid "$DASH_PID") || die "cannot read the memory of pid $DASH_PID"
     record mem_after "$system" "$out"
     if [[ $system == dashd* ]]; then
@@ -545,6 +565,7 @@ for s, name in (("ray", "Ray's dashboard"), ("dashd", "ray-dashd")):
     ld = by.get(("load", s))
     le = by.get(("log_errors", s))
     sl = by.get(("steal", s))
+    cpu = by.get(("cpu", s))
     probes = [e for e in (ld or {}).get("endpoints", []) if e.get("kind") == "probe"]
     slow = "; ".join(f"`{e['path']}` " + ", ".join(f"{x['ms']:.0f} ms at {x['at_s']:.1f} s" for x in e.get("slowest", [])[:3]) for e in probes)
     if st:
@@ -554,6 +575,12 @@ for s, name in (("ray", "Ray's dashboard"), ("dashd", "ray-dashd")):
                      + (f"; vCPU steal during the load {sl['steal_s']:.2f} s" if sl else "")
                      + (f"; ERROR lines / tracebacks in the dashboard modules' logs meanwhile: {le['error_lines']}" if le else "")
                      + (f"; slowest probes: {slow}" if slow else ""))
+    if cpu:
+        around = cpu["around"]
+        extra.append(f"  - the machine during {name}'s load: both cores busy {cpu['both_cores_busy_share'] * 100:.0f}% of the time; CPU by program: "
+                     + ", ".join(f"{k} {v:.1f} s" for k, v in cpu["cpu_s"].items())
+                     + f". Around its slowest poll ({around['from_s']:.1f}–{around['to_s']:.1f} s, run queue up to {around['max_running']}): "
+                     + ", ".join(f"{b['program']}{' (its tree)' if b['tree'] else ''} {b['ms']} ms" for b in around["busiest"][:6]))
 b, a = by.get(("modules_before", "dashd")), by.get(("modules_after", "dashd"))
 if b and a:
     restarts = {m: a[m]["restarts"] - b.get(m, {}).get("restarts", 0) for m in a}
@@ -576,7 +603,8 @@ variants = [v for v in sys.argv[2].split() if v.startswith("dashd")]
 if len(variants) > 1:
     print()
     print("ray-dashd's variants on the same cluster, one after the other (" + "; ".join(
-        f"{v}: {(by.get(('variant', v)) or {}).get('bin', '?')}, environment {(by.get(('variant', v)) or {}).get('env') or 'none'}" for v in variants) + "):")
+        f"{v}: {(by.get(('variant', v)) or {}).get('bin', '?')}, environment {(by.get(('variant', v)) or {}).get('env') or 'none'}, "
+        f"config lines {' '.join((by.get(('variant', v)) or {}).get('toml', '').split()) or 'none'}" for v in variants) + "):")
     print()
     print("| p99 (max) | " + " | ".join(variants) + " |")
     print("|---|" + "---:|" * len(variants))
@@ -591,6 +619,7 @@ if len(variants) > 1:
     row("CPU of the tree", lambda v: f"{(by.get(('load', v)) or {}).get('tree_cpu_s', 0):.1f} s")
     row("errors", lambda v: str(sum(e["errors"] for p, e in vloads[v].items() if p != "/api/prometheus_health")))
     row("vCPU steal", lambda v: f"{(by.get(('steal', v)) or {}).get('steal_s', 0):.2f} s")
+    row("both cores busy", lambda v: f"{((by.get(('cpu', v)) or {}).get('both_cores_busy_share') or 0) * 100:.0f}% of the time")
 EOF
     if [[ -n "$ANSWERS" ]]; then
         echo

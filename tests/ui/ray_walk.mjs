@@ -173,10 +173,12 @@ async function routes(requests, bases, timeout) {
         const r = await requests[i].get(`${base}${p}`, { timeout });
         const found = r.ok() ? pick(await r.json()) : null;
         if (found) return found;
-      } catch {
-        // the next base
+        console.error(`ids: ${base}${p}: ${r.ok() ? "none in the answer" : `status ${r.status()}`}`);
+      } catch (e) {
+        console.error(`ids: ${base}${p}: ${e.message.split("\n")[0]}`);
       }
     }
+    console.error(`ids: no base listed any for ${p}; its page is not walked`);
     return null;
   };
   const node = await first("/nodes?view=summary", (answer) => {

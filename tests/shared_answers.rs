@@ -69,9 +69,10 @@ async fn identical_gets_at_once_reach_the_module_once() {
 /// fetched behind it; no answer older than `cache_secs` is served.
 #[tokio::test]
 async fn an_aging_answer_is_served_while_the_next_is_fetched() {
-    // A fetch takes a second, so the answer is fetched again from 0.75 s
-    // (2 s less 1.25 times that), in before it is 2 s old: 0.25 s spare.
-    let d = counting("2");
+    // A fetch takes a second, so the answer is fetched again from 2 s (the
+    // earlier of 4 s less 1.25 times that and half of 4 s), in before it
+    // is 4 s old: a second spare, for a machine busy with other tests.
+    let d = counting("4");
     d.healthy("tm", 0).await;
     let (_, how, first) = get(&d, "/test/count?ms=1000").await;
     assert_eq!(how, "fetched");

@@ -11,8 +11,9 @@
 //! For a request to such a route, with `max` its `cache_secs`:
 //!
 //! - an answer younger than its refresh age is served as it is (`hit`):
-//!   `max` less 1.25 times what its fetch took, and at least `max / 4`,
-//!   so that the next answer is in before this one is `max` old;
+//!   `max` less 1.25 times what its fetch took, at most `max / 2` and at
+//!   least `max / 4`, so that the next answer is in before this one is
+//!   `max` old, even when the CPU is scarce for a moment;
 //! - one younger than `max` is served too (`stale`), and, unless one is
 //!   under way, a new fetch starts in a task of its own;
 //! - else the request waits for the fetch under way, or starts one
@@ -94,8 +95,14 @@ impl Answer {
     /// The age from which it is fetched again behind its serving: early
     /// enough that the next answer (which takes about as long as this one
     /// did) is in before this one is `max` old, yet at least `max / 4`.
+    /// A fetch that took little may take far longer the next time, when
+    /// the head's own processes take both cores for a second or two (as
+    /// on a big cluster's head): the next one starts by `max / 2`, with
+    /// half of `max` to spare.
     fn refresh_at(&self, max: Duration) -> Duration {
-        max.saturating_sub(self.took.mul_f64(1.25)).max(max / 4)
+        max.saturating_sub(self.took.mul_f64(1.25))
+            .min(max / 2)
+            .max(max / 4)
     }
 
     /// The answer as a response, served `how`; gzipped when `gzip` (the
@@ -683,8 +690,9 @@ mod tests {
             gzipped: Default::default(),
         };
         let max = Duration::from_secs(2);
-        assert_eq!(took(0).refresh_at(max), max);
-        assert_eq!(took(400).refresh_at(max), Duration::from_millis(1500));
+        assert_eq!(took(0).refresh_at(max), Duration::from_secs(1));
+        assert_eq!(took(400).refresh_at(max), Duration::from_secs(1));
+        assert_eq!(took(1000).refresh_at(max), Duration::from_millis(750));
         assert_eq!(took(1200).refresh_at(max), Duration::from_millis(500));
         assert_eq!(took(9000).refresh_at(max), Duration::from_millis(500));
     }

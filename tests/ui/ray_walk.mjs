@@ -163,22 +163,29 @@ function compare(a, b) {
 
 // The pages: every top-level view, plus one node, one actor and one job
 // taken from the cluster itself, asked of each base in turn until one
-// answers with some (a dashboard just started may list none yet, and on a
-// big cluster one may be slow to answer).
+// answers with some, for up to a page's timeout (a dashboard just started
+// may list none yet: on a big cluster Ray's modules take a while to read
+// 10,000 actors, and one may be slow to answer).
 async function routes(requests, bases, timeout) {
   const list = ["/overview", "/cluster", "/jobs", "/actors", "/serve", "/metrics", "/logs"];
   const first = async (p, pick) => {
-    for (const [i, base] of bases.entries()) {
-      try {
-        const r = await requests[i].get(`${base}${p}`, { timeout });
-        const found = r.ok() ? pick(await r.json()) : null;
-        if (found) return found;
-        console.error(`ids: ${base}${p}: ${r.ok() ? "none in the answer" : `status ${r.status()}`}`);
-      } catch (e) {
-        console.error(`ids: ${base}${p}: ${e.message.split("\n")[0]}`);
+    const deadline = Date.now() + timeout;
+    let why = [];
+    do {
+      why = [];
+      for (const [i, base] of bases.entries()) {
+        try {
+          const r = await requests[i].get(`${base}${p}`, { timeout });
+          const found = r.ok() ? pick(await r.json()) : null;
+          if (found) return found;
+          why.push(`${base}${p}: ${r.ok() ? "none in the answer" : `status ${r.status()}`}`);
+        } catch (e) {
+          why.push(`${base}${p}: ${e.message.split("\n")[0]}`);
+        }
       }
-    }
-    console.error(`ids: no base listed any for ${p}; its page is not walked`);
+      await new Promise((done) => setTimeout(done, 3000));
+    } while (Date.now() < deadline);
+    console.error(`ids: none listed for ${p} in ${timeout} ms, its page is not walked (${why.join("; ")})`);
     return null;
   };
   const node = await first("/nodes?view=summary", (answer) => {

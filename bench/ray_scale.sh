@@ -268,6 +268,12 @@ SYNTH_S=$(awk -v a="$SYNTH_T0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.0f", b-a}'
 SYNTH_JSON=$(cat "$TMP/synth.json")
 HEAD_NODE_ID=$(sed -E 's/.*"head_node_id": "([0-9a-f]+)".*/\1/' <<<"$SYNTH_JSON")
 [[ "$HEAD_NODE_ID" =~ ^[0-9a-f]+$ ]] || die "no head_node_id in $TMP/synth.json"
+# A node whose fake raylet missed the GCS's health checks is dead, and the
+# cluster is no longer the one asked for.
+read -r NODES_ALIVE NODES_REGISTERED < <("$PY" -c 'import json, sys
+s = json.load(open(sys.argv[1])); print(s.get("nodes_alive", -1), s.get("nodes_registered", -1))' "$TMP/synth.json")
+[[ "$NODES_ALIVE" == "$NODES_REGISTERED" ]] \
+    || die "only $NODES_ALIVE of $NODES_REGISTERED synthetic nodes are alive once the cluster is built; see $TMP/synth.log and $TMP/raylets.log"
 log "synthetic cluster built in ${SYNTH_S} s"
 
 # Ray's release mix (release/.../dashboard_test): the logs route with the

@@ -100,11 +100,6 @@ def exit_with_parent():
 # check and GetNodeStats; GetResourceLoad answers UNIMPLEMENTED (it cannot
 # tell the nodes apart), which the GCS logs (every 10th failure) and
 # otherwise ignores. It costs about a third of a core at 2,000 nodes.
-#
-# Either runs at nice 19 (`nice` execs it, so every thread has it): it
-# stands for raylets on other machines, and its CPU here should not be taken
-# from the head's processes or the dashboard.
-NODE_MANAGERS_NICE = ["nice", "-n", "19"]
 
 
 def serve_node_managers(args):
@@ -182,7 +177,7 @@ def start_node_managers(args, stats_reply, resource_loads, scratch):
             for ip, reply in resource_loads:
                 f.write(f"{ip} {reply.hex()}\n")
         proc = subprocess.Popen(
-            [*NODE_MANAGERS_NICE, args.raylets_bin, "fake-raylets", "--input", canned, "--ports-file", ports_file],
+            [args.raylets_bin, "fake-raylets", "--input", canned, "--ports-file", ports_file],
             stdin=subprocess.DEVNULL, stdout=err, stderr=err,
         )
         deadline = time.monotonic() + 120
@@ -197,7 +192,7 @@ def start_node_managers(args, stats_reply, resource_loads, scratch):
             die(f"fake-raylets listens on {len(ports)} ports for {len(resource_loads)} nodes")
         return proc, ports
     proc = subprocess.Popen(
-        [*NODE_MANAGERS_NICE, sys.executable, os.path.abspath(__file__), "--serve-node-managers"],
+        [sys.executable, os.path.abspath(__file__), "--serve-node-managers"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
     )
     proc.stdin.write(stats_reply.hex() + "\n")

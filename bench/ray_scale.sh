@@ -381,6 +381,20 @@ wait_ready() { # system pid: prints startup's JSON once the dashboard answers
     fi
 }
 
+RETRIED=()  # dashboards launched twice for the answers or the walk
+start_idle() { # system: launches it for the answers or the walk and waits until it is ready
+    launch "$1"
+    # Once more if it does not get ready: Ray's dashboard gives up when one
+    # of its modules takes 30 s to start, which a busy head can make it do.
+    if ! (wait_ready "$1" "$DASH_PID" >/dev/null); then
+        log "$1 did not get ready; launching it once more"
+        RETRIED+=("$1")
+        stop_dashboard
+        launch "$1"
+        wait_ready "$1" "$DASH_PID" >/dev/null
+    fi
+}
+
 measure() { # system
     local system=$1 name out errors0 errors1 before after half
     if [[ $system == ray ]]; then name="Ray's dashboard"; elif [[ $system == dashd ]]; then name=ray-dashd; else name="ray-dashd ($system)"; fi
@@ -454,8 +468,7 @@ if [[ " $ORDER " == *" ray "* && " $ORDER " == *" dashd "* && "${BENCH_ANSWERS:-
     for side in ray dashd ray2; do
         system=${side%2}
         log "answers: $side"
-        launch "$system"
-        wait_ready "$system" "$DASH_PID" >/dev/null
+        start_idle "$system"
         # Long enough for the head's agent to report to it (every few seconds).
         sleep "${BENCH_ANSWERS_SETTLE:-15}"
         "$PY" "$BENCH_DIR/compare_answers.py" --save "$TMP/answers.$side" \
@@ -478,12 +491,10 @@ if [[ " $ORDER " == *" ray "* && " $ORDER " == *" dashd "* && "${BENCH_UI_WALK:-
         WALK_STATUS="not run: it needs node, $chromium and tests/ui/node_modules (scripts/test sets them up; or npm ci --prefix tests/ui)"
         log "UI walk $WALK_STATUS"
     else
-        launch ray
+        start_idle ray
         WALK_RAY_PID=$DASH_PID
-        wait_ready ray "$DASH_PID" >/dev/null
         DASHD_PORT=$((BASE + 20))
-        launch dashd
-        wait_ready dashd "$DASH_PID" >/dev/null
+        start_idle dashd
         sleep "${BENCH_ANSWERS_SETTLE:-15}"
         log "UI walk: Ray's dashboard :$RAY_DASH_PORT, ray-dashd :$DASHD_PORT"
         if WALK=$(RAY_DASHD_CHROMIUM=$chromium node "$ROOT/tests/ui/ray_walk.mjs" --shots "$TMP/walk" \
@@ -509,6 +520,7 @@ DIRTY=$(cd "$ROOT" && git status --porcelain --untracked-files=no 2>/dev/null | 
     echo "- cluster: $NODES nodes, $ACTORS pending actors, $TASKS finished tasks, $JOBS finished jobs (bench/ray_synth_cluster.py, built in ${SYNTH_S} s) on one real Ray $RAY_VERSION head, \`--num-cpus=2\`"
     echo "- machine: nproc $(nproc), $MODEL, Linux $(uname -r); host CPU ${BUSY_BEFORE}% busy in the second before the run"
     echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV$DIRTY ($DASHD_BIN)${DASHD_TOML:+; extra config: $(tr '\n' ' ' <<<"$DASHD_TOML")}${DASHD_ENV:+; extra environment: $DASHD_ENV}"
+    ((${#RETRIED[@]} == 0)) || echo "- launched a second time for the answers or the walk, the first not ready within ${TIMEOUT} s: ${RETRIED[*]} (see its log)"
     echo "- load, per dashboard, one after the other ($ORDER): ${DURATION} s; each mix path polled by $((CLIENTS + 1)) clients (Ray's release test's one + $CLIENTS), each once a second at most (the next poll when the answer is in and the second is over; timeout ${MIX_TIMEOUT} s), probes once a second (timeout ${PROBE_TIMEOUT} s, new connection each); Accept-Encoding: ${ACCEPT_ENCODING:-none}"
     echo
     "$PY" - "$RAW" "$ORDER" <<'EOF'

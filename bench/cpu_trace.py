@@ -10,7 +10,7 @@ moment when every route slowed at once can be put down to a process.
 `--summary FILE --at S --window W` reads such a file back and prints, as
 JSON: the CPU used over the whole trace by the dashboard's tree (the
 descendants of --tree PID, given when tracing) and by every other process,
-grouped by program; how much of the time both cores were busy; and the
+grouped by program; how much of the time all the CPUs were busy; and the
 processes that used the most CPU between S - W and S + W, busiest first.
 """
 
@@ -139,7 +139,7 @@ def summary(path, at, window):
     busiest = sorted(near.items(), key=lambda kv: -kv[1])[:8]
     print(json.dumps({
         "samples": samples,
-        "both_cores_busy_share": round(busy / samples, 3) if samples else None,
+        "all_cpus_busy_share": round(busy / samples, 3) if samples else None,
         "cpu_s": {k: round(v / 1000, 1) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])[:8]},
         "around": {"from_s": at - window, "to_s": at + window,
                    "max_running": max(running, default=None),

@@ -595,7 +595,7 @@ for s, name in (("ray", "Ray's dashboard"), ("dashd", "ray-dashd")):
                      + (f"; slowest probes: {slow}" if slow else ""))
     if cpu:
         around = cpu["around"]
-        extra.append(f"  - the machine during {name}'s load: both cores busy {cpu['both_cores_busy_share'] * 100:.0f}% of the time; CPU by program: "
+        extra.append(f"  - the machine during {name}'s load: all CPUs busy {cpu['all_cpus_busy_share'] * 100:.0f}% of the time; CPU by program: "
                      + ", ".join(f"{k} {v:.1f} s" for k, v in cpu["cpu_s"].items())
                      + f". Around its slowest poll ({around['from_s']:.1f}–{around['to_s']:.1f} s, run queue up to {around['max_running']}): "
                      + ", ".join(f"{b['program']}{' (its tree)' if b['tree'] else ''} {b['ms']} ms" for b in around["busiest"][:6]))
@@ -637,7 +637,7 @@ if len(variants) > 1:
     row("CPU of the tree", lambda v: f"{(by.get(('load', v)) or {}).get('tree_cpu_s', 0):.1f} s")
     row("errors", lambda v: str(sum(e["errors"] for p, e in vloads[v].items() if p != "/api/prometheus_health")))
     row("vCPU steal", lambda v: f"{(by.get(('steal', v)) or {}).get('steal_s', 0):.2f} s")
-    row("both cores busy", lambda v: f"{((by.get(('cpu', v)) or {}).get('both_cores_busy_share') or 0) * 100:.0f}% of the time")
+    row("all CPUs busy", lambda v: f"{((by.get(('cpu', v)) or {}).get('all_cpus_busy_share') or 0) * 100:.0f}% of the time")
 EOF
     if [[ -n "$ANSWERS" ]]; then
         echo

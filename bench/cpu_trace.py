@@ -7,7 +7,8 @@ used CPU in the interval (pid, short name, milliseconds used). Stops after
 --duration seconds. bench/ray_scale.sh runs it beside each load, so that a
 moment when every route slowed at once can be put down to a process.
 
-`--summary FILE --at S --window W` reads such a file back and prints, as
+`--summary FILE --at S --window W` (or `--slowest-of LOAD_JSON`, around
+the slowest poll of a poll-mix report) reads such a file back and prints, as
 JSON: the CPU used over the whole trace by the dashboard's tree (the
 descendants of --tree PID, given when tracing) and by every other process,
 grouped by program; how much of the time all the CPUs were busy; and the
@@ -91,8 +92,7 @@ def trace(out, interval, duration, root):
                                 "running": procs_running(), "used": used}) + "\n")
             before = after
         f.write(json.dumps({"cmdlines": {str(p): c for p, c in names.items()},
-                            "tree": sorted(tree), "cpus": os.cpu_count(),
-                            "interval": interval}) + "\n")
+                            "tree": sorted(tree), "cpus": os.cpu_count()}) + "\n")
 
 
 def program(cmd):
@@ -126,11 +126,12 @@ def summary(path, at, window):
         # the time since the last one.
         busy += sum(u["ms"] for u in row["used"]) >= 0.9 * cpus * (row["t"] - last) * 1000
         last = row["t"]
+        inside = at - window <= row["t"] <= at + window
         for u in row["used"]:
             total[u["pid"]] = total.get(u["pid"], 0) + u["ms"]
-            if at - window <= row["t"] <= at + window:
+            if inside:
                 near[u["pid"]] = near.get(u["pid"], 0) + u["ms"]
-        if at - window <= row["t"] <= at + window:
+        if inside:
             running.append(row["running"])
     groups = {}
     for pid, ms in total.items():
@@ -148,6 +149,16 @@ def summary(path, at, window):
                                for pid, ms in busiest]}}))
 
 
+def slowest_poll(load):
+    """(at, window) covering the slowest poll of the mix in a poll-mix
+    report: from when it was asked to when it was answered, 1.5 s each
+    side at least."""
+    polls = [s for e in json.load(open(load))["endpoints"] if e.get("kind") == "mix"
+             for s in e.get("slowest", [])]
+    slow = max(polls, key=lambda s: s["ms"], default={"at_s": 0, "ms": 0})
+    return slow["at_s"] + slow["ms"] / 2000, max(1.5, slow["ms"] / 2000)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out")
@@ -156,10 +167,13 @@ def main():
     p.add_argument("--summary")
     p.add_argument("--at", type=float, default=0)
     p.add_argument("--window", type=float, default=1.5)
+    p.add_argument("--slowest-of", metavar="LOAD_JSON",
+                   help="around the slowest mix poll of this poll-mix report (instead of --at, --window)")
     p.add_argument("--tree", type=int, default=0, help="the dashboard's pid")
     a = p.parse_args()
     if a.summary:
-        summary(a.summary, a.at, a.window)
+        at, window = slowest_poll(a.slowest_of) if a.slowest_of else (a.at, a.window)
+        summary(a.summary, at, window)
     elif a.out:
         trace(a.out, a.interval, a.duration, a.tree)
     else:

@@ -434,12 +434,7 @@ measure() { # system
     record steal "$system" "{\"steal_s\":$(awk -v a="$steal0" -v b="$(steal_ticks)" -v t="$CLK_TCK" 'BEGIN{printf "%.2f", (b - a) / t}')}"
     record load "$system" "$(cat "$TMP/load.$system.json")"
     # Who had the CPU, over the run and around the slowest poll of the mix.
-    out=$("$PY" -c 'import json, sys
-polls = [s for e in json.load(open(sys.argv[1]))["endpoints"] if e.get("kind") == "mix" for s in e.get("slowest", [])]
-s = max(polls, key=lambda s: s["ms"], default={"at_s": 0, "ms": 0})
-print(s["at_s"] + s["ms"] / 2000, max(1.5, s["ms"] / 2000))' "$TMP/load.$system.json") \
-        && read -r at window <<<"$out" \
-        && out=$("$PY" "$BENCH_DIR/cpu_trace.py" --summary "$TMP/cpu.$system.jsonl" --at "$at" --window "$window") \
+    out=$("$PY" "$BENCH_DIR/cpu_trace.py" --summary "$TMP/cpu.$system.jsonl" --slowest-of "$TMP/load.$system.json") \
         && record cpu "$system" "$out" || log "no CPU trace summary for $name"
     out=$("$LOADGEN" tree-mem --pid "$DASH_PID") || die "cannot read the memory of pid $DASH_PID"
     record mem_after "$system" "$out"

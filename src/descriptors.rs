@@ -169,6 +169,11 @@ impl ClientStream {
         ClientStream { stream, slot }
     }
 
+    /// The socket.
+    pub fn tcp(&self) -> &TcpStream {
+        &self.stream
+    }
+
     /// The bare socket, and the slot to hold for as long as it is open.
     pub fn into_parts(self) -> (TcpStream, OwnedSemaphorePermit) {
         (self.stream, self.slot)

@@ -163,6 +163,12 @@ pub fn launch(cli: Cli, mut config: Config) -> Result<Stopped, StartupError> {
             "large blocks are mapped on their own"
         );
     }
+    if allocator::trim_periodically() {
+        debug!(
+            every_s = allocator::TRIM_EVERY.as_secs(),
+            "the heap's free pages go back to the system periodically"
+        );
+    }
     let nofile = descriptors::raise_nofile_limit();
     // Before Ray's zygote (the first module) may start.
     supervisor::contain(config.server.cgroups);

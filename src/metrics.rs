@@ -5,6 +5,7 @@
 //! into it; it knows neither.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -97,6 +98,8 @@ pub struct Metrics {
     /// The client connections served now, and the cap, once the server
     /// accepts.
     clients: OnceLock<ClientCount>,
+    /// What reads how many of them are parked between requests.
+    waiting_clients: OnceLock<Arc<AtomicUsize>>,
     /// Ray's dashboard series, when Ray's modules are hosted.
     ray: Option<Arc<RayMetrics>>,
 }
@@ -163,6 +166,7 @@ impl Metrics {
             bytes_out,
             live: Mutex::new(HashMap::new()),
             clients: OnceLock::new(),
+            waiting_clients: OnceLock::new(),
             ray: None,
         }
     }
@@ -248,11 +252,18 @@ impl Metrics {
         let _ = self.clients.set(ClientCount(max, Box::new(count)));
     }
 
+    /// Where the client connections parked between requests now are read
+    /// from; set once, by the accept loop.
+    pub fn set_waiting_clients(&self, count: Arc<AtomicUsize>) {
+        let _ = self.waiting_clients.set(count);
+    }
+
     /// Every series, in Prometheus text format: those recorded, then
     /// `scrape`'s and the process's.
     pub fn encode(&self, scrape: &Scrape<'_>) -> String {
         let mut out = String::new();
-        let read = scrape.registry(self.clients.get());
+        let waiting = self.waiting_clients.get().map(|n| n.load(Relaxed));
+        let read = scrape.registry(self.clients.get(), waiting);
         // Writing to a String cannot fail, nor can the crate's encoders
         // but through the writer.
         let _ = text::encode_registry(&mut out, &self.registry)
@@ -425,7 +436,7 @@ impl ProcessReadings {
 
 impl Scrape<'_> {
     /// The series read now, in a registry of their own.
-    fn registry(&self, clients: Option<&ClientCount>) -> Registry {
+    fn registry(&self, clients: Option<&ClientCount>, waiting: Option<usize>) -> Registry {
         let mut registry = Registry::with_prefix(PREFIX);
         let up = Family::<ModuleLabels, Gauge>::default();
         let state = Family::<StateLabels, Gauge>::default();
@@ -490,6 +501,15 @@ impl Scrape<'_> {
                 "client_connections_max",
                 "Client connections served at most at once",
                 cap,
+            );
+        }
+        if let Some(waiting) = waiting {
+            let parked = Gauge::<i64>::default();
+            parked.set(i64::try_from(waiting).unwrap_or(i64::MAX));
+            registry.register(
+                "client_connections_waiting",
+                "Client connections idle between requests, parked with no HTTP state",
+                parked,
             );
         }
         let dropped = Family::<WriterLabels, Counter>::default();

@@ -3,6 +3,7 @@
 //! Bodies stream in both directions; nothing is buffered whole.
 
 mod body;
+mod client_socket;
 mod error;
 mod headers;
 mod idle;
@@ -28,6 +29,7 @@ use crate::routes::{Lookup, RouteKind, RouteTable};
 use crate::supervisor::{Gate, ModuleHandle, NotReady};
 
 pub(crate) use body::CancelableBody;
+pub(crate) use client_socket::{Activity, Client, ClientSocket};
 pub use error::{ProxyError, SharedError, UpstreamFailure};
 pub(crate) use headers::strip_hop_by_hop;
 pub(crate) use idle::{is_send_timeout, WriteTimeout};

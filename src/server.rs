@@ -14,6 +14,7 @@ pub mod guard;
 mod listener;
 mod prefix;
 pub mod tls;
+pub(crate) mod waiting;
 
 pub(crate) use api::reload_all;
 
@@ -299,7 +300,9 @@ pub async fn serve(
     service
         .metrics
         .set_clients(max_connections, admission.clients_served());
+    let metrics = Arc::clone(&service.metrics);
     let connections = listener::Connections::new(service, settings, max_connections, tls);
+    metrics.set_waiting_clients(connections.waiting());
     let mut accepting = listener::Accepting::new(listener);
     tokio::pin!(shutdown);
     while let Some((stream, peer)) = accepting.next(shutdown.as_mut()).await {

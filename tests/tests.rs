@@ -15,6 +15,7 @@ mod descendants;
 mod descriptors;
 mod fork_shim;
 mod guard;
+mod idle_clients;
 mod install;
 mod logging;
 mod metrics;

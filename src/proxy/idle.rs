@@ -125,6 +125,11 @@ impl<T> WriteTimeout<T> {
         }
     }
 
+    /// The connection guarded.
+    pub(crate) fn get_ref(&self) -> &T {
+        &self.io
+    }
+
     /// The connection, its timeout and its peer, to guard a part of it anew.
     pub(crate) fn into_parts(self) -> (T, Duration, SocketAddr) {
         (self.io, self.timer.timeout, self.peer)

@@ -2,9 +2,11 @@
 //! each connection: accepting, with failed accepts paced ([`Accepting`]);
 //! admission under the client cap (`accept.rs`); each admitted socket's
 //! options, its TLS handshake and its HTTP/1.1 connection, run as a task
-//! that a drain can finish ([`Connections`]).
+//! that a drain can finish ([`Connections`]), parked between requests when
+//! plain (`waiting.rs`).
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,13 +21,12 @@ use tracing::{debug, info, warn};
 
 use super::accept::{self, AcceptBackoff};
 use super::tls::ServerTls;
+use super::waiting::{self, HEADER_READ_TIMEOUT};
 use super::Dispatch;
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
 use crate::proxy::{is_send_timeout, WriteTimeout};
 
-/// How long a client may take to send a request's head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most headers in one request (hyper's default is 100).
 const MAX_HEADERS: usize = 128;
 /// The least each client connection's buffers may grow to (hyper's
@@ -101,6 +102,8 @@ pub(super) struct Connections {
     send_timeout: Duration,
     tasks: TaskTracker,
     drain: CancellationToken,
+    /// Plain connections parked between requests now (`waiting.rs`).
+    waiting: Arc<AtomicUsize>,
 }
 
 impl Connections {
@@ -137,7 +140,13 @@ impl Connections {
             send_timeout: settings.client_send_timeout,
             tasks: TaskTracker::new(),
             drain: CancellationToken::new(),
+            waiting: Arc::default(),
         }
+    }
+
+    /// The plain connections parked between requests now.
+    pub(super) fn waiting(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.waiting)
     }
 
     /// Serves a connection over the cap: one request within
@@ -177,7 +186,7 @@ impl Connections {
     /// (in its task), then HTTP/1.1 until it closes or a drain finishes its
     /// request in flight. The slot (`permit`) goes with the socket, into a
     /// websocket relay too; every write to the client waits at most the
-    /// send timeout.
+    /// send timeout. A plain connection is parked while idle (`waiting.rs`).
     pub(super) fn serve_client(
         &self,
         stream: TcpStream,
@@ -190,8 +199,15 @@ impl Connections {
         let service = self.service.clone();
         let Some(tls) = self.tls.clone() else {
             let stream = WriteTimeout::new(ClientStream::new(stream, permit), send_timeout, peer);
-            self.tasks
-                .spawn(drive(&self.http, stream, service, drain, peer));
+            let waiting = Arc::clone(&self.waiting);
+            self.tasks.spawn(waiting::drive(
+                self.http.clone(),
+                stream,
+                service,
+                drain,
+                peer,
+                waiting,
+            ));
             return;
         };
         let http = self.http.clone();
@@ -241,7 +257,7 @@ fn tune(stream: &TcpStream) {
     }
 }
 
-/// Serves one client connection over `stream` until it ends, or, once
+/// Serves one TLS client connection over `stream` until it ends, or, once
 /// `drain` is cancelled, until the request in flight is answered.
 fn drive<S>(
     http: &http1::Builder,

@@ -30,6 +30,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::connection::ModuleStream;
 use crate::descriptors::ClientStream;
 use crate::proxy::idle::{is_send_timeout, WriteTimeout};
+use crate::proxy::ClientSocket;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -206,14 +207,20 @@ impl Socket {
     /// A client's writing half keeps its send timeout.
     pub(super) fn from_upgraded(upgraded: Upgraded) -> Socket {
         let upgraded = match upgraded.downcast::<TokioIo<WriteTimeout<ClientStream>>>() {
+            Ok(parts) => return Socket::client(parts.io.into_inner(), parts.read_buf),
+            Err(upgraded) => upgraded,
+        };
+        let upgraded = match upgraded.downcast::<TokioIo<ClientSocket>>() {
             Ok(parts) => {
-                let (client, timeout, peer) = parts.io.into_inner().into_parts();
-                let (stream, slot) = client.into_parts();
-                let (reader, writer) = stream.into_split();
-                let writer = WriteTimeout::new(writer, timeout, peer);
-                let mut socket = Socket::split((reader, writer), parts.read_buf);
-                socket.slot = Some(slot);
-                return socket;
+                // What hyper read, then what it had not read yet of what an
+                // earlier connection on the socket had.
+                let (client, unread) = parts.io.into_inner().into_parts();
+                let early = if unread.is_empty() {
+                    parts.read_buf
+                } else {
+                    [parts.read_buf, unread].concat().into()
+                };
+                return Socket::client(client, early);
             }
             Err(upgraded) => upgraded,
         };
@@ -224,6 +231,17 @@ impl Socket {
         debug!("websocket relay on hyper's upgraded stream (not a bare socket)");
         let (reader, writer) = tokio::io::split(TokioIo::new(upgraded));
         Socket::split((reader, writer), Bytes::new())
+    }
+
+    /// A client's TCP socket, its writing half under the send timeout.
+    fn client(client: WriteTimeout<ClientStream>, early: Bytes) -> Socket {
+        let (client, timeout, peer) = client.into_parts();
+        let (stream, slot) = client.into_parts();
+        let (reader, writer) = stream.into_split();
+        let writer = WriteTimeout::new(writer, timeout, peer);
+        let mut socket = Socket::split((reader, writer), early);
+        socket.slot = Some(slot);
+        socket
     }
 
     fn split<R, W>((reader, writer): (R, W), early: Bytes) -> Socket

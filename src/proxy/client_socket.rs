@@ -1,0 +1,208 @@
+//! A client's plain TCP connection as the host's HTTP server sees it: what
+//! it reads and writes is noted, so that the server can tell a connection
+//! idle between requests and park it (`server/waiting.rs`), and a parked
+//! connection keeps what hyper had read and not parsed.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::descriptors::ClientStream;
+use crate::proxy::WriteTimeout;
+
+/// A client connection as the host's accept loop hands it over.
+pub(crate) type Client = WriteTimeout<ClientStream>;
+
+/// What the driver and the connection's socket and service share.
+#[derive(Debug, Default)]
+pub(crate) struct Activity {
+    /// Requests whose answer hyper has not finished writing: from the
+    /// service's call to the drop of the answer's body.
+    pub(crate) answering: AtomicUsize,
+    /// Requests taken by the service, ever.
+    pub(crate) requests: AtomicU64,
+    /// Bumped by every read that brings bytes and every write that takes
+    /// some.
+    pub(crate) moves: AtomicU64,
+    /// The last write (or flush) waits for the client to take bytes.
+    pub(crate) write_blocked: AtomicBool,
+    /// Bytes were read since the last answer ended: a request may be half
+    /// sent. hyper would not end such a connection at once, only answer it
+    /// with `connection: close`.
+    pub(crate) unparsed: AtomicBool,
+    /// The driver asked hyper to end the connection to park it: the
+    /// shutdown of the socket that hyper then makes is not passed on.
+    pub(crate) parking: AtomicBool,
+}
+
+impl Activity {
+    fn moved(&self) {
+        self.moves.fetch_add(1, Relaxed);
+    }
+
+    fn read(&self) {
+        self.moved();
+        self.unparsed.store(true, Relaxed);
+    }
+
+    /// An answer is under way, until [`Activity::answered`].
+    pub(crate) fn answering(&self) {
+        self.answering.fetch_add(1, Relaxed);
+        self.requests.fetch_add(1, Relaxed);
+    }
+
+    /// An answer is done (written, or given up).
+    pub(crate) fn answered(&self) {
+        self.answering.fetch_sub(1, Relaxed);
+        self.unparsed.store(false, Relaxed);
+    }
+
+    /// Nothing under way: no answer being made or written, and nothing
+    /// read since the last.
+    pub(crate) fn quiet(&self) -> bool {
+        self.answering.load(Relaxed) == 0
+            && !self.write_blocked.load(Relaxed)
+            && !self.unparsed.load(Relaxed)
+    }
+}
+
+// === impl ClientSocket ===
+
+/// A client's plain socket as its hyper connection sees it: bytes read before
+/// the connection was parked come first, and reads and writes are noted in
+/// the connection's [`Activity`].
+#[derive(Debug)]
+pub(crate) struct ClientSocket {
+    io: Client,
+    /// Read by an earlier hyper connection and not parsed yet.
+    early: Bytes,
+    activity: Arc<Activity>,
+}
+
+impl ClientSocket {
+    /// `io`, its reads and writes noted in `activity`.
+    pub(crate) fn new(io: Client, activity: Arc<Activity>) -> ClientSocket {
+        ClientSocket {
+            io,
+            early: Bytes::new(),
+            activity,
+        }
+    }
+
+    /// The socket.
+    pub(crate) fn tcp(&self) -> &tokio::net::TcpStream {
+        self.io.get_ref().tcp()
+    }
+
+    /// Whether bytes read earlier wait to be read first.
+    pub(crate) fn has_early(&self) -> bool {
+        !self.early.is_empty()
+    }
+
+    /// Puts `read` (read by a hyper connection, not parsed) before what
+    /// waits to be read.
+    pub(crate) fn unread(&mut self, read: Bytes) {
+        if read.is_empty() {
+            return;
+        }
+        let rest = std::mem::take(&mut self.early);
+        self.early = if rest.is_empty() {
+            read
+        } else {
+            [read, rest].concat().into()
+        };
+    }
+}
+
+impl ClientSocket {
+    /// The client's socket, and what was read from it and not yet handled.
+    pub(crate) fn into_parts(self) -> (Client, Bytes) {
+        (self.io, self.early)
+    }
+}
+
+impl AsyncRead for ClientSocket {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if !this.early.is_empty() {
+            let n = this.early.len().min(buf.remaining());
+            buf.put_slice(&this.early[..n]);
+            this.early.advance(n);
+            this.activity.read();
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+        if buf.filled().len() > before {
+            this.activity.read();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl ClientSocket {
+    /// Notes how a write or flush went: whether it waits for the client,
+    /// and, when `wrote` says it took bytes, a move.
+    fn noted<T>(
+        &self,
+        polled: Poll<io::Result<T>>,
+        wrote: impl Fn(&T) -> bool,
+    ) -> Poll<io::Result<T>> {
+        self.activity
+            .write_blocked
+            .store(polled.is_pending(), Relaxed);
+        if let Poll::Ready(Ok(done)) = &polled {
+            if wrote(done) {
+                self.activity.moved();
+            }
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for ClientSocket {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.noted(polled, |n| *n > 0)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.noted(polled, |n| *n > 0)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // A flush moves nothing of its own: hyper flushes at every poll.
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.noted(polled, |()| false)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.activity.parking.load(Relaxed) {
+            // Flushed by hyper already; the socket stays open, parked.
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}

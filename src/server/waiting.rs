@@ -1,0 +1,310 @@
+//! Client connections that wait between requests, holding no HTTP state.
+//!
+//! hyper keeps a connection's buffers (8 KiB to read, 8 KiB for response
+//! heads), its parsed-header map and its dispatcher for as long as the
+//! connection is open, requests or not: about 13 KiB per idle keep-alive
+//! client. A dashboard's clients are mostly idle (a tab polls every few
+//! seconds; a probe holds its connection between checks), so here a plain
+//! HTTP/1.1 connection that has had no traffic for [`WAIT_AFTER`], with no
+//! answer under way, is *parked*: its hyper connection is ended without
+//! closing the socket (hyper's shutdown of the socket is not passed on), and
+//! the task only waits for the socket to become readable; then a new hyper
+//! connection takes it up, with whatever hyper had read and not parsed.
+//! A new connection waits the same way for its first bytes. nginx does the
+//! same (its idle keep-alive connections keep no buffers).
+//!
+//! A parked connection is closed once it has waited [`HEADER_READ_TIMEOUT`]
+//! less the time it took to park (what hyper's header read timeout gives an
+//! idle connection), or at once when the host drains. TLS connections are
+//! not parked: the TLS session's state lives in the stream.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use axum::http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::proxy::{is_send_timeout, Activity, Client, ClientSocket};
+
+/// How long a connection has had no traffic, with no answer under way,
+/// before it is parked. Long enough that a client sending request after
+/// request keeps its hyper connection; short enough that tabs polling every
+/// few seconds mostly wait parked. Between one and two of these pass: the
+/// check runs this often.
+pub(super) const WAIT_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a client may take to send a request's head, and how long an
+/// idle connection is kept.
+pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+// === impl Tracked ===
+
+/// The host's service on one connection, counting the answers under way.
+#[derive(Debug, Clone)]
+struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+/// Counts one answer as under way until dropped.
+#[derive(Debug)]
+struct Answering(Arc<Activity>);
+
+impl Answering {
+    fn new(activity: &Arc<Activity>) -> Answering {
+        activity.answering();
+        Answering(Arc::clone(activity))
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.answered();
+    }
+}
+
+impl<S, B> hyper::service::Service<Request<Incoming>> for Tracked<S>
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    S::Future: Unpin,
+{
+    type Response = Response<AnswerBody<B>>;
+    type Error = Infallible;
+    type Future = TrackedFuture<S::Future>;
+
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let answering = Answering::new(&self.activity);
+        TrackedFuture {
+            inner: self.inner.call(request),
+            answering: Some(answering),
+        }
+    }
+}
+
+/// The service's answer to come, counted as under way.
+#[derive(Debug)]
+struct TrackedFuture<F> {
+    inner: F,
+    answering: Option<Answering>,
+}
+
+impl<F, B> Future for TrackedFuture<F>
+where
+    F: Future<Output = Result<Response<B>, Infallible>> + Unpin,
+{
+    type Output = Result<Response<AnswerBody<B>>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Ok(response) = ready!(Pin::new(&mut self.inner).poll(cx));
+        let answering = self.answering.take();
+        Poll::Ready(Ok(response.map(|body| AnswerBody {
+            body,
+            _answering: answering,
+        })))
+    }
+}
+
+/// An answer's body, counted as under way until hyper drops it (written, or
+/// given up).
+#[derive(Debug)]
+struct AnswerBody<B> {
+    body: B,
+    _answering: Option<Answering>,
+}
+
+impl<B: Body + Unpin> Body for AnswerBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+// === the driver ===
+
+/// How a hyper connection on a client's socket ended.
+enum Ended {
+    /// Ended by the driver, idle: the socket is open, to be parked.
+    Parked,
+    /// Closed, upgraded, or drained; with hyper's error if it failed.
+    Done(hyper::Result<()>),
+}
+
+/// Serves one plain client connection until the client closes it, it stays
+/// idle too long, or the host drains; parked while idle. `waiting` counts
+/// the connections parked now.
+pub(super) async fn drive<S, B>(
+    http: http1::Builder,
+    io: Client,
+    service: S,
+    drain: CancellationToken,
+    peer: SocketAddr,
+    waiting: Arc<AtomicUsize>,
+) where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Unpin + Send + 'static,
+    B: Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let activity = Arc::new(Activity::default());
+    let mut socket = ClientSocket::new(io, Arc::clone(&activity));
+    // Parked first: a new connection holds nothing until it sends.
+    let mut patience = HEADER_READ_TIMEOUT;
+    // After a park that found a request half sent, none until it is taken:
+    // parking again would restart hyper's header read timeout each time.
+    let mut no_park_before: Option<u64> = None;
+    loop {
+        if !socket.has_early() {
+            let _waiting = Counted::new(&waiting);
+            // A peek, not `readable()`: tokio may call a socket readable
+            // that has nothing to read (a new one, for one).
+            let mut first = [0u8; 1];
+            let sent = socket.tcp().peek(&mut first);
+            tokio::select! {
+                sent = tokio::time::timeout(patience, sent) => match sent {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "idle client connection failed");
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%peer, "idle client connection closed: nothing sent in time");
+                        return;
+                    }
+                },
+                _ = drain.cancelled() => return,
+            }
+        } else {
+            no_park_before = Some(activity.requests.load(Relaxed) + 1);
+        }
+        activity.parking.store(false, Relaxed);
+        let tracked = Tracked {
+            inner: service.clone(),
+            activity: Arc::clone(&activity),
+        };
+        // Boxed, so that a parked connection's task is small.
+        let mut connection = Box::new(
+            http.serve_connection(TokioIo::new(socket), tracked)
+                .with_upgrades(),
+        );
+        let ended = serve_until_idle(
+            &mut *connection,
+            |c| Pin::new(c).graceful_shutdown(),
+            &activity,
+            &drain,
+            no_park_before,
+        )
+        .await;
+        match ended {
+            Ended::Parked => match connection.into_parts() {
+                Some(parts) => {
+                    socket = parts.io.into_inner();
+                    socket.unread(parts.read_buf);
+                    patience = HEADER_READ_TIMEOUT.saturating_sub(WAIT_AFTER);
+                    no_park_before = None;
+                }
+                None => return,
+            },
+            Ended::Done(Ok(())) => return,
+            // The send timeout's guard logged it already.
+            Ended::Done(Err(e)) if is_send_timeout(&e) => return,
+            Ended::Done(Err(e)) => {
+                debug!(%peer, error = %e, "connection ended with an error");
+                return;
+            }
+        }
+    }
+}
+
+/// Runs `connection` until it ends; once it has been idle for
+/// [`WAIT_AFTER`] (and `no_park_before` requests were taken, if given), ends
+/// it for parking. Once `drain` is cancelled, finishes the request in
+/// flight and ends. `shut_down` is hyper's graceful shutdown.
+async fn serve_until_idle<F>(
+    connection: &mut F,
+    mut shut_down: impl FnMut(&mut F),
+    activity: &Activity,
+    drain: &CancellationToken,
+    no_park_before: Option<u64>,
+) -> Ended
+where
+    F: Future<Output = hyper::Result<()>> + Unpin,
+{
+    let check = tokio::time::sleep(WAIT_AFTER);
+    tokio::pin!(check);
+    let mut moves = activity.moves.load(Relaxed);
+    let mut parking = false;
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            ended = &mut *connection => {
+                return if parking && !draining && ended.is_ok() {
+                    Ended::Parked
+                } else {
+                    Ended::Done(ended)
+                };
+            }
+            _ = drain.cancelled(), if !draining => {
+                draining = true;
+                shut_down(connection);
+            }
+            _ = &mut check, if !parking && !draining => {
+                let now = activity.moves.load(Relaxed);
+                let allowed =
+                    no_park_before.is_none_or(|n| activity.requests.load(Relaxed) >= n);
+                if now == moves && allowed && activity.quiet() {
+                    parking = true;
+                    activity.parking.store(true, Relaxed);
+                    shut_down(connection);
+                } else {
+                    moves = now;
+                    check.as_mut().reset(Instant::now() + WAIT_AFTER);
+                }
+            }
+        }
+    }
+}
+
+/// One more in a count, until dropped.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(count: &'a AtomicUsize) -> Counted<'a> {
+        count.fetch_add(1, Relaxed);
+        Counted(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}

@@ -364,6 +364,12 @@ launch() { # system: starts it in the background; sets DASH_PID, PORT, LOGFILE, 
     DASH_PID=$!
 }
 
+alive() { # pid: whether it runs (a zombie does not)
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    [[ ${stat##*) } != Z* ]]
+}
+
 wait_ready() { # system pid: prints startup's JSON once the dashboard answers
     local system=$1 pid=$2 port logfile modules_arg=() ready_paths=() p
     if [[ $system == ray ]]; then
@@ -374,8 +380,20 @@ wait_ready() { # system pid: prints startup's JSON once the dashboard answers
     fi
     for p in "${MIX[@]}"; do [[ $p == /api/prometheus_health || $p == /api/v0/logs* ]] || ready_paths+=(--path "$p"); done
     ((${#ready_paths[@]})) || ready_paths=(--path /api/version)
-    if ! "$LOADGEN" startup --target "tcp:127.0.0.1:$port" "${ready_paths[@]}" "${modules_arg[@]}" \
-        --since "$LAUNCHED_AT" --timeout "$TIMEOUT"; then
+    "$LOADGEN" startup --target "tcp:127.0.0.1:$port" "${ready_paths[@]}" "${modules_arg[@]}" \
+        --since "$LAUNCHED_AT" --timeout "$TIMEOUT" &
+    local waiter=$!
+    # A dashboard that exited will not get ready: stop waiting for it then.
+    while kill -0 "$waiter" 2>/dev/null; do
+        if ! alive "$pid"; then
+            kill "$waiter" 2>/dev/null || true
+            wait "$waiter" 2>/dev/null || true
+            tail -n 30 "$logfile" >&2
+            die "$system (pid $pid) exited before it got ready; see $logfile"
+        fi
+        sleep 1
+    done
+    if ! wait "$waiter"; then
         tail -n 30 "$logfile" >&2
         die "$system (pid $pid) did not get ready; see $logfile"
     fi

@@ -364,12 +364,6 @@ launch() { # system: starts it in the background; sets DASH_PID, PORT, LOGFILE, 
     DASH_PID=$!
 }
 
-alive() { # pid: whether it runs (a zombie does not)
-    local stat
-    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    [[ ${stat##*) } != Z* ]]
-}
-
 wait_ready() { # system pid: prints startup's JSON once the dashboard answers
     local system=$1 pid=$2 port logfile modules_arg=() ready_paths=() p
     if [[ $system == ray ]]; then

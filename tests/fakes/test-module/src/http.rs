@@ -288,15 +288,20 @@ pub(crate) struct GrowQuery {
     mib: usize,
 }
 
-/// `POST /test/grow?mib=N`: allocates `N` MiB more, touches every page (so
-/// it is resident) and keeps it for the life of the process.
+/// `POST /test/grow?mib=N`: answers, then (100 ms later, so that the
+/// answer has gone) allocates `N` MiB more, touches every page (so it is
+/// resident) and keeps it for the life of the process. Grown first, the
+/// module could be replaced over its memory budget before its answer left,
+/// and the client would get 502.
 pub(crate) async fn grow(Query(query): Query<GrowQuery>) -> Response {
     static KEPT: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
-    let block = vec![1u8; query.mib << 20];
-    let mut kept = KEPT.locked();
-    kept.push(block);
-    let total: usize = kept.iter().map(Vec::len).sum();
-    (StatusCode::OK, format!("holding {} MiB", total >> 20)).into_response()
+    let mib = query.mib;
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let block = vec![1u8; mib << 20];
+        KEPT.locked().push(block);
+    });
+    (StatusCode::OK, format!("growing by {mib} MiB")).into_response()
 }
 
 /// Query of `POST /test/print`.

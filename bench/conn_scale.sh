@@ -54,8 +54,9 @@ DASHD_WRAP=${BENCH_DASHD_WRAP:-}          # words run before ray-dashd, e.g. "he
 RESULTS_DIR=${BENCH_RESULTS_DIR:-$BENCH_DIR/results}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
-log() { printf '[conn-scale] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+BENCH_TAG=conn-scale
+# shellcheck source=bench/lib.sh
+source "$BENCH_DIR/lib.sh"
 
 # --- build and binaries ----------------------------------------------------------
 if [[ "$BUILD" == 1 ]]; then
@@ -106,12 +107,6 @@ with_nofile() { # cmd...: exec'd with soft and hard RLIMIT_NOFILE at $NOFILE; ca
 # --- scratch space and cleanup --------------------------------------------------------
 TMP=$(mktemp -d /tmp/rdc.XXXXXX)
 DASHD_PID=""
-
-alive() { # pid: running (a zombie is not)
-    local state
-    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
 
 WRAP_PID=""
 dashd_below() { # pid: the descendant of pid that runs $DASHD_BIN (a wrapper's child), if any

@@ -16,7 +16,9 @@ BUILD=${BENCH_BUILD:-1}
 RESULTS_DIR=${BENCH_RESULTS_DIR:-$BENCH_DIR/results}
 PYTHON=${BENCH_RAY_PYTHON:-$ROOT/target/test-venv/bin/python}
 
-log() { printf '[ray-client-bench] %s\n' "$*" >&2; }
+BENCH_TAG=ray-client-bench
+# shellcheck source=bench/lib.sh
+source "$BENCH_DIR/lib.sh"
 
 if [[ "$BUILD" == 1 ]]; then
     log "cargo build --release --workspace"

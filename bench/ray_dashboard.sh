@@ -34,8 +34,9 @@ RESULTS_DIR=${BENCH_RESULTS_DIR:-$BENCH_DIR/results}
 THREADS=${BENCH_LOADGEN_THREADS:-1}
 TIMEOUT=180                               # bound on every wait for a start or a stop
 
-log() { printf '[ray-bench] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+BENCH_TAG=ray-bench
+# shellcheck source=bench/lib.sh
+source "$BENCH_DIR/lib.sh"
 
 [[ -n "${EPOCHREALTIME:-}" ]] || die "needs bash 5 or later (for \$EPOCHREALTIME)"
 LC_NUMERIC=C # $EPOCHREALTIME with a decimal point, whatever the locale
@@ -56,16 +57,7 @@ DASHD_BIN=$ROOT/target/release/ray-dashd
 LOADGEN=$ROOT/target/release/ray-dashd-bench
 [[ -x "$DASHD_BIN" && -x "$LOADGEN" ]] || die "release binaries missing; run with BENCH_BUILD=1"
 
-# Anything else busy on the host skews every column; say so in the report.
-cpu_busy_pct() { # CPU busy over one second, all cores, in percent
-    local a b
-    a=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
-    sleep 1
-    b=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
-    awk -v a="$a" -v b="$b" 'BEGIN{split(a,x," "); split(b,y," "); t=y[2]-x[2]; p=0; if (t > 0) p=100*(y[1]-x[1])/t; printf("%.0f", p)}'
-}
-BUSY_BEFORE=$(cpu_busy_pct)
-(( BUSY_BEFORE < 10 )) || log "warning: the host was ${BUSY_BEFORE}% busy before the run; results will be skewed"
+warn_if_busy
 
 # --- scratch space and cleanup --------------------------------------------------------
 # Short: Ray's and the modules' sockets live below it (AF_UNIX paths ≤ 107 bytes).
@@ -74,45 +66,6 @@ RAY_TEMP=$TMP/ray
 mkdir -p "$RAY_TEMP"
 HEAD_PID=""   # `ray start --block`, leader of its own process group
 DASH_PID=""   # the dashboard being measured (Ray's or ray-dashd), root of its tree
-
-alive() { # pid: running (a zombie, dead but not yet reaped, is not)
-    local state
-    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
-
-STOP_JSON=""
-stop_dashboard() { # stops $DASH_PID and every process below it; stop-tree's JSON in STOP_JSON
-    STOP_JSON=""
-    [[ -n "$DASH_PID" ]] || return 0
-    STOP_JSON=$("$LOADGEN" stop-tree --pid "$DASH_PID" --grace 10) || log "stop-tree $DASH_PID failed"
-    wait "$DASH_PID" 2>/dev/null || true
-    DASH_PID=""
-}
-
-stop_head() {
-    local i
-    [[ -n "$HEAD_PID" ]] || return 0
-    # `ray start --block` stops everything it started on SIGTERM.
-    kill -TERM "$HEAD_PID" 2>/dev/null || true
-    for ((i = 0; i < 300; i++)); do
-        alive "$HEAD_PID" || break
-        sleep 0.1
-    done
-    kill -KILL -- "-$HEAD_PID" 2>/dev/null || true
-    wait "$HEAD_PID" 2>/dev/null || true
-    HEAD_PID=""
-    # Whatever left the group (workers re-parented, daemons) still names our
-    # temp dir in its command line.
-    local p
-    for p in /proc/[0-9]*; do
-        p=${p#/proc/}
-        [[ "$p" != "$$" ]] || continue
-        if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF "$TMP/"; then
-            kill -KILL "$p" 2>/dev/null || true
-        fi
-    done
-}
 
 cleanup() {
     local status=$?

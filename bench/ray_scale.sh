@@ -19,8 +19,9 @@ set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$BENCH_DIR")
 
-log() { printf '[ray-scale] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+BENCH_TAG=ray-scale
+# shellcheck source=bench/lib.sh
+source "$BENCH_DIR/lib.sh"
 usage() { echo "usage: $0 NODES ACTORS TASKS JOBS   (e.g. $0 2000 10000 100000 1000)" >&2; exit 64; }
 
 # --- arguments and knobs ------------------------------------------------------------
@@ -78,15 +79,7 @@ done
 steal_ticks() { # time the hypervisor ran something else on our vCPUs, all cores
     awk '/^cpu /{print $9}' /proc/stat
 }
-cpu_busy_pct() { # CPU busy over one second, all cores, in percent
-    local a b
-    a=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
-    sleep 1
-    b=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
-    awk -v a="$a" -v b="$b" 'BEGIN{split(a,x," "); split(b,y," "); t=y[2]-x[2]; p=0; if (t > 0) p=100*(y[1]-x[1])/t; printf("%.0f", p)}'
-}
-BUSY_BEFORE=$(cpu_busy_pct)
-(( BUSY_BEFORE < 10 )) || log "warning: the host was ${BUSY_BEFORE}% busy before the run; results will be skewed"
+warn_if_busy
 
 # --- scratch space and cleanup --------------------------------------------------------
 # Short: Ray's and the modules' sockets live below it (AF_UNIX paths ≤ 107 bytes).
@@ -100,12 +93,6 @@ LOAD_PID=""   # poll-mix
 TRACE_PID=""  # cpu_trace.py beside it
 WALK_RAY_PID=""  # Ray's dashboard beside ray-dashd during the UI walk
 
-alive() { # pid: running (a zombie is not)
-    local state
-    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
-
 stop_pid() { # pid grace_s: SIGTERM, then SIGKILL after grace_s
     local pid=$1 grace=$2 i
     [[ -n "$pid" ]] || return 0
@@ -116,37 +103,6 @@ stop_pid() { # pid grace_s: SIGTERM, then SIGKILL after grace_s
     done
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
-}
-
-STOP_JSON=""
-stop_dashboard() {
-    STOP_JSON=""
-    [[ -n "$DASH_PID" ]] || return 0
-    STOP_JSON=$("$LOADGEN" stop-tree --pid "$DASH_PID" --grace 10) || log "stop-tree $DASH_PID failed"
-    wait "$DASH_PID" 2>/dev/null || true
-    DASH_PID=""
-}
-
-stop_head() {
-    local i p
-    [[ -n "$HEAD_PID" ]] || return 0
-    kill -TERM "$HEAD_PID" 2>/dev/null || true
-    for ((i = 0; i < 300; i++)); do
-        alive "$HEAD_PID" || break
-        sleep 0.1
-    done
-    kill -KILL -- "-$HEAD_PID" 2>/dev/null || true
-    wait "$HEAD_PID" 2>/dev/null || true
-    HEAD_PID=""
-    # Whatever left the group (workers re-parented, daemons) still names our
-    # temp dir in its command line.
-    for p in /proc/[0-9]*; do
-        p=${p#/proc/}
-        [[ "$p" != "$$" ]] || continue
-        if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF "$TMP/"; then
-            kill -KILL "$p" 2>/dev/null || true
-        fi
-    done
 }
 
 cleanup() {

@@ -34,8 +34,9 @@ DASHD_WORKERS=${BENCH_DASHD_WORKERS:-}    # ray-dashd's runtime threads ([server
 DASHD_ENV=${BENCH_DASHD_ENV:-}            # extra NAME=VALUE words for ray-dashd's environment, e.g. MALLOC_ARENA_MAX=2
 RESULTS_DIR=${BENCH_RESULTS_DIR:-$BENCH_DIR/results}
 
-log() { printf '[bench] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+BENCH_TAG=bench
+# shellcheck source=bench/lib.sh
+source "$BENCH_DIR/lib.sh"
 
 case "$BACKEND" in aiohttp | rust) ;; *) die "BENCH_BACKEND must be aiohttp or rust" ;; esac
 
@@ -105,16 +106,7 @@ if [[ "$NGINX_MODE" != off ]]; then
     [[ -n "$NGINX_BIN" ]] || log "nginx not available: its columns will say n/a"
 fi
 
-# Anything else busy on the host skews every column; say so in the report.
-cpu_busy_pct() { # CPU busy over one second, all cores, in percent
-    local a b
-    a=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
-    sleep 1
-    b=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
-    awk -v a="$a" -v b="$b" 'BEGIN{split(a,x," "); split(b,y," "); t=y[2]-x[2]; p=0; if (t > 0) p=100*(y[1]-x[1])/t; printf("%.0f", p)}'
-}
-BUSY_BEFORE=$(cpu_busy_pct)
-(( BUSY_BEFORE < 10 )) || log "warning: the host was ${BUSY_BEFORE}% busy before the run; results will be skewed"
+warn_if_busy
 
 # --- scratch space and cleanup --------------------------------------------------------
 # Short, so that <session>/sockets/dash_bench stays far below 107 bytes.
@@ -124,12 +116,6 @@ SOCKET=$SESSION/sockets/dash_bench
 DASHD_PID=""
 NGINX_PID=""
 RELAY_PID=""
-
-alive() { # pid: running (a zombie, dead but not yet reaped, is not)
-    local state
-    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n "$state" && "$state" != Z && "$state" != X ]]
-}
 
 stop_pid() { # pid name: SIGTERM, then SIGKILL after ~10 s
     local pid=$1 name=$2 i

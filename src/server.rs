@@ -14,7 +14,7 @@ pub mod guard;
 mod listener;
 mod prefix;
 pub mod tls;
-pub(crate) mod waiting;
+mod waiting;
 
 pub(crate) use api::reload_all;
 

@@ -176,4 +176,9 @@ async fn a_parked_connection_upgrades_to_a_websocket() {
             .expect("frame");
         assert_eq!(echo, Message::text(text));
     }
+    assert!(
+        !d.log().contains("not a bare socket"),
+        "the relay did not take the bare socket back:\n{}",
+        d.log()
+    );
 }

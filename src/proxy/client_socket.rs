@@ -117,12 +117,28 @@ impl ClientSocket {
             [read, rest].concat().into()
         };
     }
-}
 
-impl ClientSocket {
     /// The client's socket, and what was read from it and not yet handled.
     pub(crate) fn into_parts(self) -> (Client, Bytes) {
         (self.io, self.early)
+    }
+
+    /// Notes how a write or flush went: whether it waits for the client,
+    /// and, when `wrote` says it took bytes, a move.
+    fn noted<T>(
+        &self,
+        polled: Poll<io::Result<T>>,
+        wrote: impl Fn(&T) -> bool,
+    ) -> Poll<io::Result<T>> {
+        self.activity
+            .write_blocked
+            .store(polled.is_pending(), Relaxed);
+        if let Poll::Ready(Ok(done)) = &polled {
+            if wrote(done) {
+                self.activity.moved();
+            }
+        }
+        polled
     }
 }
 
@@ -146,26 +162,6 @@ impl AsyncRead for ClientSocket {
             this.activity.read();
         }
         Poll::Ready(Ok(()))
-    }
-}
-
-impl ClientSocket {
-    /// Notes how a write or flush went: whether it waits for the client,
-    /// and, when `wrote` says it took bytes, a move.
-    fn noted<T>(
-        &self,
-        polled: Poll<io::Result<T>>,
-        wrote: impl Fn(&T) -> bool,
-    ) -> Poll<io::Result<T>> {
-        self.activity
-            .write_blocked
-            .store(polled.is_pending(), Relaxed);
-        if let Poll::Ready(Ok(done)) = &polled {
-            if wrote(done) {
-                self.activity.moved();
-            }
-        }
-        polled
     }
 }
 

@@ -25,7 +25,7 @@ use super::waiting::{self, HEADER_READ_TIMEOUT};
 use super::Dispatch;
 use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
-use crate::proxy::{is_send_timeout, WriteTimeout};
+use crate::proxy::WriteTimeout;
 
 /// Most headers in one request (hyper's default is 100).
 const MAX_HEADERS: usize = 128;
@@ -282,11 +282,6 @@ where
                 connection.await
             }
         };
-        match ended {
-            // The guard logged it already.
-            Err(e) if is_send_timeout(&e) => {}
-            Err(e) => debug!(%peer, error = %e, "connection ended with an error"),
-            Ok(()) => {}
-        }
+        waiting::log_end(ended, peer);
     }
 }

@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use super::Dispatch;
 use crate::proxy::{is_send_timeout, Activity, Client, ClientSocket};
 
 /// How long a connection has had no traffic, with no answer under way,
@@ -157,23 +158,14 @@ enum Ended {
 /// Serves one plain client connection until the client closes it, it stays
 /// idle too long, or the host drains; parked while idle. `waiting` counts
 /// the connections parked now.
-pub(super) async fn drive<S, B>(
+pub(super) async fn drive(
     http: http1::Builder,
     io: Client,
-    service: S,
+    service: Dispatch,
     drain: CancellationToken,
     peer: SocketAddr,
     waiting: Arc<AtomicUsize>,
-) where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Unpin + Send + 'static,
-    B: Body + Unpin + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+) {
     let activity = Arc::new(Activity::default());
     let mut socket = ClientSocket::new(io, Arc::clone(&activity));
     // Parked first: a new connection holds nothing until it sends.
@@ -233,13 +225,7 @@ pub(super) async fn drive<S, B>(
                 }
                 None => return,
             },
-            Ended::Done(Ok(())) => return,
-            // The send timeout's guard logged it already.
-            Ended::Done(Err(e)) if is_send_timeout(&e) => return,
-            Ended::Done(Err(e)) => {
-                debug!(%peer, error = %e, "connection ended with an error");
-                return;
-            }
+            Ended::Done(ended) => return log_end(ended, peer),
         }
     }
 }
@@ -290,6 +276,16 @@ where
                 }
             }
         }
+    }
+}
+
+/// Logs how a client connection ended, if it failed: a send timeout was
+/// logged where it expired. (TLS connections too, `listener.rs`.)
+pub(super) fn log_end(ended: hyper::Result<()>, peer: SocketAddr) {
+    match ended {
+        Err(e) if is_send_timeout(&e) => {}
+        Err(e) => debug!(%peer, error = %e, "connection ended with an error"),
+        Ok(()) => {}
     }
 }
 

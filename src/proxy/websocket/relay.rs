@@ -214,12 +214,9 @@ impl Socket {
             Ok(parts) => {
                 // What hyper read, then what it had not read yet of what an
                 // earlier connection on the socket had.
-                let (client, unread) = parts.io.into_inner().into_parts();
-                let early = if unread.is_empty() {
-                    parts.read_buf
-                } else {
-                    [parts.read_buf, unread].concat().into()
-                };
+                let mut socket = parts.io.into_inner();
+                socket.unread(parts.read_buf);
+                let (client, early) = socket.into_parts();
                 return Socket::client(client, early);
             }
             Err(upgraded) => upgraded,

@@ -151,8 +151,12 @@ async fn a_module_busy_computing_is_kept_until_busy_max() {
         .await
         .expect("answered")
         .expect("task");
-    assert_eq!(response.status(), 200);
-    assert!(response.text().await.expect("body").starts_with("spun"));
+    let status = response.status();
+    let body = response.text().await.expect("body");
+    assert!(
+        status == 200 && body.starts_with("spun"),
+        "{status}: {body}"
+    );
     let report = d.healthy("tm", 0).await;
     assert_eq!(report["incarnation"], 0, "{report}");
     assert_eq!(report["restarts"], 0, "{report}");

@@ -554,8 +554,25 @@ impl Dashd {
     }
 }
 
+/// How many of ray-dashd's last log lines a failing test prints.
+const LOG_TAIL_LINES: usize = 80;
+
 impl Drop for Dashd {
     fn drop(&mut self) {
+        // A failing test shows what the server said: a failure seen once in
+        // CI is then explained by its own output.
+        if std::thread::panicking() {
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+            eprintln!(
+                "--- ray-dashd at {} (last {} of {} log lines) ---\n{}",
+                self.addr,
+                tail.len(),
+                lines.len(),
+                tail.join("\n")
+            );
+        }
         if let Some(mut child) = self.child.take() {
             // SIGKILL: the modules follow through their parent-death signal.
             let _ = child.kill();

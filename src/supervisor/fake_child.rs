@@ -61,6 +61,9 @@ pub(crate) enum Cpu {
     Busy,
     /// Stopped (SIGSTOP), after using a whole CPU.
     Stopped,
+    /// A whole CPU, on a machine so crowded that every other look at its
+    /// processes takes longer than any health timeout.
+    BusySlowLooks,
 }
 
 #[derive(Debug, Clone)]
@@ -222,6 +225,7 @@ impl FakeSpawner {
             cpu: plan.cpu,
             rss: plan.rss,
             incarnation,
+            looks: Default::default(),
             exit: plan.exit.map(|(after, code)| (started + after, code)),
             ignores_term: plan.ignores_term,
             status: None,
@@ -253,6 +257,8 @@ pub(crate) struct FakeChild {
     cpu: Cpu,
     rss: (u64, Option<(Duration, u64)>),
     incarnation: u32,
+    /// How many times its usage was asked for.
+    looks: std::sync::atomic::AtomicU32,
     /// When it exits by itself, and with which code.
     exit: Option<(Instant, i32)>,
     ignores_term: bool,
@@ -330,11 +336,18 @@ impl Incarnation for FakeChild {
         if self.status.is_some() {
             return None;
         }
+        let look = self
+            .looks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.cpu == Cpu::BusySlowLooks && look % 2 == 1 {
+            // The caller's timeout ends this look.
+            return std::future::pending().await;
+        }
         let ran = self.started.elapsed();
         let ticks_per_sec = 100;
         let cpu_ticks = match self.cpu {
             Cpu::Idle => 0,
-            Cpu::Busy | Cpu::Stopped => (ran.as_millis() / 10) as u64,
+            Cpu::Busy | Cpu::Stopped | Cpu::BusySlowLooks => (ran.as_millis() / 10) as u64,
         };
         let rss_bytes = match self.rss {
             (_, Some((after, bytes))) if ran >= after => bytes,

@@ -338,6 +338,10 @@ impl<S: Spawner> ModuleTask<S> {
                 };
                 match miss {
                     Miss::Busy { share, for_ } => {
+                        // Working, not hung: a miss judged hung before (its
+                        // look too slow to tell) does not count toward the
+                        // threshold; busy_max bounds a run of these.
+                        failed_checks = 0;
                         let cpu = (share * 100.0).round();
                         if for_.is_zero() {
                             info!(incarnation, pid, cpu_percent = cpu, reason = %reason, "module busy: its health check went unanswered while it uses CPU");
@@ -346,7 +350,10 @@ impl<S: Spawner> ModuleTask<S> {
                                 s.record("busy", format!("{reason} while using {cpu}% of a CPU"));
                             });
                         }
-                        shared.update(|s| s.last_health_at = Some(SystemTime::now()));
+                        shared.update(|s| {
+                            s.failed_checks = 0;
+                            s.last_health_at = Some(SystemTime::now());
+                        });
                     }
                     Miss::BusyTooLong { for_ } => {
                         break 'life End::Failed(format!(

@@ -230,6 +230,44 @@ async fn a_busy_module_is_kept_until_busy_max() {
     m.stop().await;
 }
 
+/// A busy module on a machine so crowded that every other look at its
+/// processes times out: each slow look leaves one miss judged hung, but the
+/// busy miss after it ends that row, so it is never replaced for failed
+/// checks; and the busy run goes on through the slow looks, so `busy_max`
+/// still ends it.
+#[tokio::test(start_paused = true)]
+async fn a_busy_module_seen_every_other_check_is_kept_until_busy_max() {
+    let fake = FakeSpawner::new(|n| match n {
+        0 => Plan::healthy()
+            .using(Cpu::BusySlowLooks)
+            .then(Duration::from_millis(1500), Healthz::Hang),
+        _ => Plan::healthy(),
+    });
+    let sup = Supervision {
+        busy_max: Duration::from_secs(20),
+        ..supervision()
+    };
+    let m = start(fake.clone(), "fake", sup);
+    m.healthy(0).await;
+    m.until("busy", |s| s.busy_since.is_some()).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let report = m.handle.report();
+    assert_eq!(report.incarnation, Some(0), "{report:?}");
+    assert!(report.failed_checks < 2, "{report:?}");
+    m.healthy(1).await;
+    let error = m.last_error();
+    assert!(
+        error.starts_with("busy for 2") && error.contains("(busy_max_secs 20)"),
+        "{error}"
+    );
+    fake.record(|r| {
+        let after = r.stops[0].1 - r.spawns[0].1;
+        assert!(after >= Duration::from_secs(21), "{after:?}");
+        assert!(after < Duration::from_secs(26), "{after:?}");
+    });
+    m.stop().await;
+}
+
 /// A stopped module (SIGSTOP) that used CPU before it stopped is hung, not
 /// busy: replaced after `failure_threshold` misses as any hang.
 #[tokio::test(start_paused = true)]

@@ -140,7 +140,7 @@ pub(crate) enum Miss {
     Busy { share: f64, for_: Duration },
     /// Busy, but for longer than `busy_max`: a loop that never ends.
     BusyTooLong { for_: Duration },
-    /// Stopped, or idle and silent, or not to be sampled: a failure.
+    /// Stopped, or idle and silent, or not sampled in time: a failure.
     Hung,
 }
 
@@ -154,15 +154,16 @@ pub(crate) struct Vitals {
 
 impl Vitals {
     /// Takes a new sample (taken at `at`); returns the CPU share used since
-    /// the previous one, when there was one.
+    /// the previous one, when there was one. A sample that could not be
+    /// taken (`None`: too slow on a crowded machine) leaves the previous
+    /// one in place, so that the next share spans both intervals: one slow
+    /// look costs one unjudged miss, not two.
     pub(crate) fn record(&mut self, usage: Option<Usage>, at: Instant) -> Option<f64> {
-        let share = match (&usage, &self.last) {
-            (Some(now), Some((before, then))) => {
-                Some(now.cpu_share_since(before, at.saturating_duration_since(*then)))
-            }
-            _ => None,
-        };
-        self.last = usage.map(|u| (u, at));
+        let now = usage?;
+        let share = self
+            .last
+            .map(|(before, then)| now.cpu_share_since(&before, at.saturating_duration_since(then)));
+        self.last = Some((now, at));
         share
     }
 
@@ -180,7 +181,11 @@ impl Vitals {
                     Miss::Busy { share, for_ }
                 }
             }
-            _ => {
+            // No share (the look too slow to take): hung, as far as this
+            // miss can tell, but a busy run under way goes on, so that
+            // busy_max still bounds a module judged busy every other check.
+            None => Miss::Hung,
+            Some(_) => {
                 self.busy_since = None;
                 Miss::Hung
             }
@@ -192,7 +197,7 @@ impl Vitals {
         self.busy_since = None;
     }
 
-    /// The resident memory of the last sample, in bytes.
+    /// The resident memory of the last sample taken, in bytes.
     pub(crate) fn rss_bytes(&self) -> Option<u64> {
         self.last.map(|(u, _)| u.rss_bytes)
     }
@@ -261,10 +266,34 @@ mod tests {
         let share = v.record(stopped, s(2));
         assert_eq!(share, Some(0.95));
         assert_eq!(v.missed(share, s(2), max), Miss::Hung);
-        // Gone: nothing to sample.
+        // Gone, or too slow to sample: nothing to judge by.
         let share = v.record(None, s(3));
         assert_eq!(v.missed(share, s(3), max), Miss::Hung);
+    }
+
+    #[test]
+    fn a_sample_not_taken_leaves_the_one_before() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let max = Duration::from_secs(60);
+        let mut v = Vitals::default();
         assert_eq!(v.rss_bytes(), None);
+        v.record(busy_at(0), s(0));
+        // The look at s(1) took too long: that miss cannot be judged busy...
+        let share = v.record(None, s(1));
+        assert_eq!(v.missed(share, s(1), max), Miss::Hung);
+        // ...but the next is, against the sample at s(0): 190 ticks in 2 s.
+        let share = v.record(busy_at(190), s(2));
+        assert_eq!(share, Some(0.95));
+        assert!(matches!(v.missed(share, s(2), max), Miss::Busy { for_, .. } if for_.is_zero()));
+        assert_eq!(v.rss_bytes(), Some(0));
+        // Another look too slow does not end the busy run it interrupts.
+        let share = v.record(None, s(3));
+        assert_eq!(v.missed(share, s(3), max), Miss::Hung);
+        let share = v.record(busy_at(390), s(4));
+        assert!(
+            matches!(v.missed(share, s(4), max), Miss::Busy { for_, .. } if for_ == Duration::from_secs(2))
+        );
     }
 
     #[test]

@@ -15,7 +15,6 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::unix::AsyncFd;
@@ -24,20 +23,8 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 /// A connected module socket; reads and writes as tokio's streams do.
 #[derive(Debug)]
 pub(crate) struct ModuleStream {
-    reader: ModuleReader,
-    writer: ModuleWriter,
-}
-
-/// The reading half of a [`ModuleStream`].
-#[derive(Debug)]
-pub(crate) struct ModuleReader {
-    socket: Arc<AsyncFd<StdUnixStream>>,
-}
-
-/// The writing half of a [`ModuleStream`].
-#[derive(Debug)]
-pub(crate) struct ModuleWriter {
-    socket: Arc<AsyncFd<StdUnixStream>>,
+    /// Registered for readability alone.
+    socket: AsyncFd<StdUnixStream>,
     /// Registered for writability while writes find the socket full.
     room: Option<AsyncFd<OwnedFd>>,
 }
@@ -47,27 +34,19 @@ impl ModuleStream {
     pub(crate) async fn connect(path: &Path) -> io::Result<ModuleStream> {
         let stream = tokio::net::UnixStream::connect(path).await?.into_std()?;
         stream.set_nonblocking(true)?;
-        let socket = Arc::new(register(stream, Interest::READABLE)?);
         Ok(ModuleStream {
-            reader: ModuleReader {
-                socket: socket.clone(),
-            },
-            writer: ModuleWriter { socket, room: None },
+            socket: register(stream, Interest::READABLE)?,
+            room: None,
         })
     }
 
     /// The connected socket, for checks of its peer.
     pub(crate) fn socket(&self) -> &StdUnixStream {
-        self.reader.socket.get_ref()
-    }
-
-    /// The two halves, each usable on its own.
-    pub(crate) fn into_split(self) -> (ModuleReader, ModuleWriter) {
-        (self.reader, self.writer)
+        self.socket.get_ref()
     }
 }
 
-impl AsyncRead for ModuleReader {
+impl AsyncRead for ModuleStream {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -117,7 +96,7 @@ fn register<T: AsRawFd>(io: T, interest: Interest) -> io::Result<AsyncFd<T>> {
     unsafe { AsyncFd::register_with_interest(io, interest) }.map_err(|e| e.into_parts().1)
 }
 
-impl ModuleWriter {
+impl ModuleStream {
     /// Runs `write` until it goes through, waiting for room when the socket
     /// is full.
     fn poll_with(
@@ -152,7 +131,7 @@ impl ModuleWriter {
     }
 }
 
-impl AsyncWrite for ModuleWriter {
+impl AsyncWrite for ModuleStream {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -183,68 +162,28 @@ impl AsyncWrite for ModuleWriter {
     }
 }
 
-impl AsyncRead for ModuleStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.reader).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for ModuleStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.writer).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.writer).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.writer).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.writer).poll_shutdown(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// Writes far beyond the socket's buffer wait for room and lose nothing;
-    /// both halves work on their own; shutdown ends the peer's reading.
+    /// shutdown ends the peer's reading, and the stream still reads.
     #[tokio::test]
     async fn a_full_socket_waits_for_room_and_loses_nothing() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s");
         let listener = tokio::net::UnixListener::bind(&path).expect("bind");
         let (stream, accepted) = tokio::join!(ModuleStream::connect(&path), listener.accept());
-        let (mut reader, mut writer) = stream.expect("connect").into_split();
+        let mut stream = stream.expect("connect");
         let (mut peer, _) = accepted.expect("accept");
 
         let sent: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
         let expected = sent.clone();
         let writing = tokio::spawn(async move {
-            writer.write_all(&sent).await.expect("write all");
-            writer.shutdown().await.expect("shutdown");
-            writer
+            stream.write_all(&sent).await.expect("write all");
+            stream.shutdown().await.expect("shutdown");
+            stream
         });
         // Let the writer fill the socket before anything is read.
         tokio::task::yield_now().await;
@@ -256,12 +195,12 @@ mod tests {
             got.len(),
             expected.len()
         );
-        writing.await.expect("writer");
+        let mut stream = writing.await.expect("writer");
 
         peer.write_all(b"back").await.expect("answer");
         drop(peer);
         let mut answer = Vec::new();
-        reader.read_to_end(&mut answer).await.expect("read");
+        stream.read_to_end(&mut answer).await.expect("read");
         assert_eq!(answer, b"back");
     }
 }

@@ -100,7 +100,7 @@ pub(crate) fn is_send_timeout(error: &(dyn StdError + 'static)) -> bool {
     false
 }
 
-/// A client's connection (or its writing half) whose writes fail once one
+/// A client's connection whose writes fail once one
 /// of them has waited `timeout` for the client to take data: a client that
 /// stops reading a stream then no longer holds its module request. Reads
 /// pass through untouched.
@@ -128,11 +128,6 @@ impl<T> WriteTimeout<T> {
     /// The connection guarded.
     pub(crate) fn get_ref(&self) -> &T {
         &self.io
-    }
-
-    /// The connection, its timeout and its peer, to guard a part of it anew.
-    pub(crate) fn into_parts(self) -> (T, Duration, SocketAddr) {
-        (self.io, self.timer.timeout, self.peer)
     }
 
     fn timed_out(&self) -> io::Error {

@@ -72,6 +72,7 @@ pub(super) async fn forward(
     headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     *answer.headers_mut() = headers;
 
+    let module_failed = gate.cancel;
     let max_message = settings.max_websocket_message_bytes;
     let name = module.shared_name().clone();
     let shutdown = module.shutdown_token().clone();
@@ -88,10 +89,10 @@ pub(super) async fn forward(
         relay::relay(
             relay::Socket::from_upgraded(client_io),
             relay::Socket::from_upgraded(module_io),
-            gate.cancel,
+            module_failed,
             shutdown,
             max_message,
-            &name,
+            name,
         )
         .await;
         drop(ticket);

@@ -7,25 +7,35 @@
 //!
 //! # Theory of operation
 //!
-//! Each direction (client → module, module → client) is one loop that
+//! Each direction (client → module, module → client) is a [`Half`]: it
 //! reads from its source into a buffer, parses frame headers, and writes
 //! whole runs of bytes to its sink. Data frames and close frames are
 //! forwarded unchanged (masked as they came: the client masks towards us as
 //! we must towards the module, and the module's frames are unmasked as they
 //! must be towards the client). Pings are answered by the relay itself, on
 //! the hop they came from, and pongs are dropped: each hop keeps itself
-//! alive. Frames the relay makes (pongs, closes) reach a sink only through
-//! the loop that owns it, and only between two frames.
+//! alive. Frames the relay makes (pongs, closes) are queued on the half
+//! that owns the sink they go to, and written only between two frames.
+//!
+//! Both halves are one hand-written future, [`Relay`], polled as one task:
+//! its whole state is the two halves' positions and buffers (let go while
+//! a source has nothing to read), so that thousands of idle websockets
+//! cost little more than their sockets. A half never reads while it has
+//! bytes still to write: a slow sink slows its source, and only it.
 
-use std::future::Future as _;
+use std::collections::VecDeque;
+use std::future::Future;
 use std::io::Cursor;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use ray_dashd_contract::LockExt;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Sleep;
 
 use crate::connection::ModuleStream;
 use crate::descriptors::ClientStream;
@@ -34,7 +44,7 @@ use crate::proxy::ClientSocket;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tracing::debug;
 
 /// How long the closing handshake may take once a close was sent.
@@ -43,86 +53,18 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`MAX_READ_BUFFER`], each time a read fills it (a large message
 /// streaming through); its bytes start again at its front whenever it is
 /// empty, and it is let go while the source has nothing to read
-/// ([`read_some`]): an idle websocket holds no buffer, and a busy one only
+/// ([`Half::poll_read`]): an idle websocket holds no buffer, and a busy one only
 /// the front of one.
 const READ_BUFFER: usize = 4 * 1024;
 /// The most the read buffer grows to; a frame larger than this streams
 /// through.
 const MAX_READ_BUFFER: usize = 64 * 1024;
-/// Frames the relay may queue for one sink (pongs, closes).
+/// Frames the relay may queue for one sink (pongs, closes); more are
+/// dropped (a peer that sends pings faster than it reads its pongs).
 const QUEUED_FRAMES: usize = 16;
 /// Longest close reason (RFC 6455 §5.5: control payloads are at most 125
 /// bytes, two of which are the code).
 const MAX_CLOSE_REASON: usize = 123;
-
-/// The frames one direction makes for the other's sink (pongs, closes):
-/// rarely any, so a small shared queue rather than a channel (tokio's
-/// `mpsc` allocates its first block of 32 slots up front: about 1.5 KB per
-/// direction with the channel itself).
-#[derive(Default)]
-struct Mailbox {
-    state: std::sync::Mutex<MailState>,
-    posted: tokio::sync::Notify,
-}
-
-#[derive(Default)]
-struct MailState {
-    frames: std::collections::VecDeque<Made>,
-    /// The sending side is gone: nothing more will come.
-    closed: bool,
-}
-
-/// The sending side of a [`Mailbox`]; dropping it closes the box.
-struct Outbox(std::sync::Arc<Mailbox>);
-
-/// The receiving side of a [`Mailbox`].
-struct Inbox(std::sync::Arc<Mailbox>);
-
-fn mailbox() -> (Outbox, Inbox) {
-    let shared = std::sync::Arc::new(Mailbox::default());
-    (Outbox(shared.clone()), Inbox(shared))
-}
-
-impl Outbox {
-    /// Queues `made` unless [`QUEUED_FRAMES`] wait already.
-    fn try_send(&self, made: Made) {
-        let mut state = self.0.state.locked();
-        if state.frames.len() < QUEUED_FRAMES {
-            state.frames.push_back(made);
-            drop(state);
-            self.0.posted.notify_one();
-        }
-    }
-}
-
-impl Drop for Outbox {
-    fn drop(&mut self) {
-        self.0.state.locked().closed = true;
-        self.0.posted.notify_one();
-    }
-}
-
-impl Inbox {
-    fn try_recv(&mut self) -> Option<Made> {
-        self.0.state.locked().frames.pop_front()
-    }
-
-    /// The next frame; `None` once the box is closed and empty.
-    async fn recv(&mut self) -> Option<Made> {
-        loop {
-            {
-                let mut state = self.0.state.locked();
-                if let Some(made) = state.frames.pop_front() {
-                    return Some(made);
-                }
-                if state.closed {
-                    return None;
-                }
-            }
-            self.0.posted.notified().await;
-        }
-    }
-}
 
 /// Which peer a sink writes to; it decides masking (RFC 6455 §5.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,46 +110,27 @@ fn truncate(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
-/// Reads into `buf`, which must have room. While the source has nothing
-/// to read, an empty `buf` is let go, and taken again (`size`) when the
-/// source wakes the relay: an idle direction holds no buffer.
-async fn read_some<R: AsyncRead + Unpin>(
-    source: &mut R,
-    buf: &mut BytesMut,
-    size: usize,
-) -> std::io::Result<usize> {
-    std::future::poll_fn(|cx| {
-        if buf.capacity() == 0 {
-            buf.reserve(size);
-        }
-        let read = std::pin::pin!(source.read_buf(buf)).poll(cx);
-        if read.is_pending() && buf.is_empty() {
-            *buf = BytesMut::new();
-        }
-        read
-    })
-    .await
-}
+/// Anything the relay reads frames from and writes frames to.
+pub(super) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 
-/// One side of the relay: its two halves and the bytes hyper had already
-/// read past the handshake.
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// One side of the relay: its connection, whole (the relay's one task reads
+/// and writes it; no halves, no lock), and the bytes hyper had already read
+/// past the handshake.
 pub(super) struct Socket {
-    reader: Box<dyn AsyncRead + Send + Unpin>,
-    writer: Box<dyn AsyncWrite + Send + Unpin>,
+    io: Box<dyn Io>,
     early: Bytes,
-    /// A client's slot under `server.max_connections`, held until the
-    /// relay ends and the socket closes.
-    slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Socket {
     /// Takes the bare socket back from an upgraded connection when it is
-    /// one of ours (TCP from a client, a Unix socket to a module), so that
-    /// reads and writes skip hyper's adapters and the halves need no lock.
-    /// A client's writing half keeps its send timeout.
+    /// one of ours (TCP from a client, with its send timeout and its slot
+    /// under `server.max_connections`; a Unix socket to a module), so that
+    /// reads and writes skip hyper's adapters.
     pub(super) fn from_upgraded(upgraded: Upgraded) -> Socket {
         let upgraded = match upgraded.downcast::<TokioIo<WriteTimeout<ClientStream>>>() {
-            Ok(parts) => return Socket::client(parts.io.into_inner(), parts.read_buf),
+            Ok(parts) => return Socket::new(parts.io.into_inner(), parts.read_buf),
             Err(upgraded) => upgraded,
         };
         let upgraded = match upgraded.downcast::<TokioIo<ClientSocket>>() {
@@ -217,40 +140,22 @@ impl Socket {
                 let mut socket = parts.io.into_inner();
                 socket.unread(parts.read_buf);
                 let (client, early) = socket.into_parts();
-                return Socket::client(client, early);
+                return Socket::new(client, early);
             }
             Err(upgraded) => upgraded,
         };
         let upgraded = match upgraded.downcast::<TokioIo<ModuleStream>>() {
-            Ok(parts) => return Socket::split(parts.io.into_inner().into_split(), parts.read_buf),
+            Ok(parts) => return Socket::new(parts.io.into_inner(), parts.read_buf),
             Err(upgraded) => upgraded,
         };
         debug!("websocket relay on hyper's upgraded stream (not a bare socket)");
-        let (reader, writer) = tokio::io::split(TokioIo::new(upgraded));
-        Socket::split((reader, writer), Bytes::new())
+        Socket::new(TokioIo::new(upgraded), Bytes::new())
     }
 
-    /// A client's TCP socket, its writing half under the send timeout.
-    fn client(client: WriteTimeout<ClientStream>, early: Bytes) -> Socket {
-        let (client, timeout, peer) = client.into_parts();
-        let (stream, slot) = client.into_parts();
-        let (reader, writer) = stream.into_split();
-        let writer = WriteTimeout::new(writer, timeout, peer);
-        let mut socket = Socket::split((reader, writer), early);
-        socket.slot = Some(slot);
-        socket
-    }
-
-    fn split<R, W>((reader, writer): (R, W), early: Bytes) -> Socket
-    where
-        R: AsyncRead + Send + Unpin + 'static,
-        W: AsyncWrite + Send + Unpin + 'static,
-    {
+    fn new(io: impl Io + 'static, early: Bytes) -> Socket {
         Socket {
-            reader: Box::new(reader),
-            writer: Box::new(writer),
+            io: Box::new(io),
             early,
-            slot: None,
         }
     }
 }
@@ -266,70 +171,159 @@ impl std::fmt::Debug for Socket {
 /// Relays frames between the client's and the module's sockets until both
 /// sides have closed, one side is gone, or `module_failed` fires (after
 /// `shutdown`, when ray-dashd is shutting down).
-pub(super) async fn relay(
+pub(super) fn relay(
     client: Socket,
     module: Socket,
     module_failed: CancellationToken,
     shutdown: CancellationToken,
     max_message: usize,
-    name: &str,
-) {
-    // Let go when the relay ends, with the socket.
-    let _slots = (client.slot, module.slot);
-    let (to_client, to_client_queue) = mailbox();
-    let (to_module, to_module_queue) = mailbox();
-    // Set once a close has crossed (or been made): the rest has a deadline.
-    let closing = CancellationToken::new();
-    let upstream = Direction {
-        from: Peer::Client,
-        source: client.reader,
-        early: client.early,
-        sink: module.writer,
-        queue: to_module_queue,
-        reply: to_client,
+    name: Arc<str>,
+) -> Relay {
+    Relay {
+        client: client.io,
+        module: module.io,
+        halves: [
+            Half::new(Peer::Client, client.early),
+            Half::new(Peer::Module, module.early),
+        ],
+        failed: Some(Box::pin(module_failed.cancelled_owned())),
+        shutdown,
+        deadline: None,
         max_message,
-        closing: closing.clone(),
-    };
-    let downstream = Direction {
-        from: Peer::Module,
-        source: module.reader,
-        early: module.early,
-        sink: client.writer,
-        queue: to_client_queue,
-        reply: to_module,
-        max_message,
-        closing: closing.clone(),
-    };
-    let both = async {
-        tokio::join!(
-            upstream.run(module_failed.clone(), &shutdown, name),
-            downstream.run(module_failed.clone(), &shutdown, name)
-        )
-    };
-    let deadline = async {
-        closing.cancelled().await;
-        tokio::time::sleep(CLOSE_TIMEOUT).await;
-    };
-    tokio::select! {
-        _ = both => {}
-        _ = deadline => debug!(module = %name, "websocket closing handshake timed out"),
+        name,
     }
 }
 
-/// One direction of the relay.
-struct Direction<R, W> {
-    /// Whose frames `source` carries.
-    from: Peer,
-    source: R,
-    /// Bytes read from `source` before the relay began.
-    early: Bytes,
-    sink: W,
-    /// Frames made for this sink by the other direction.
-    queue: Inbox,
-    /// Frames for the source's peer, written by the other direction.
-    reply: Outbox,
+/// Both directions of one websocket as one future (see the module's theory
+/// of operation). Ready once both halves are done, or once the closing
+/// handshake has taken [`CLOSE_TIMEOUT`]; its sockets close when it drops.
+pub(super) struct Relay {
+    client: Box<dyn Io>,
+    module: Box<dyn Io>,
+    /// Client → module, then module → client.
+    halves: [Half; 2],
+    /// Fires when the module's incarnation fails; `None` once it has.
+    failed: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    shutdown: CancellationToken,
+    /// Set once a close has crossed or been made, or a half has stopped:
+    /// the rest of the relay must end by then.
+    deadline: Option<Pin<Box<Sleep>>>,
     max_message: usize,
-    closing: CancellationToken,
+    name: Arc<str>,
+}
+
+impl Future for Relay {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let [up, down] = &mut this.halves;
+        let name = &*this.name;
+        if let Some(failed) = &mut this.failed {
+            if failed.as_mut().poll(cx).is_ready() {
+                this.failed = None;
+                // The supervisor marks a shutdown before it ends the
+                // incarnations, so this tells the two apart.
+                let shutting_down = this.shutdown.is_cancelled();
+                let stop = || {
+                    if shutting_down {
+                        Stop::Shutdown
+                    } else {
+                        Stop::ModuleFailed
+                    }
+                };
+                if up.is_running() {
+                    up.stop(stop(), &mut down.queue, name);
+                }
+                if down.is_running() {
+                    down.stop(stop(), &mut up.queue, name);
+                }
+            }
+        }
+        // A half may queue a frame for the other's sink (a pong, a close):
+        // the other is driven again to write it.
+        let (client, module) = (&mut *this.client, &mut *this.module);
+        loop {
+            let mut ends = Ends {
+                source: &mut *client,
+                sink: &mut *module,
+                reply: &mut down.queue,
+            };
+            up.drive(cx, &mut ends, this.max_message, name);
+            let queued = up.queue.len();
+            let mut ends = Ends {
+                source: &mut *module,
+                sink: &mut *client,
+                reply: &mut up.queue,
+            };
+            down.drive(cx, &mut ends, this.max_message, name);
+            if up.is_done() || up.queue.len() <= queued {
+                break;
+            }
+        }
+        if up.is_done() && down.is_done() {
+            return Poll::Ready(());
+        }
+        if this.deadline.is_none() && (up.closing || down.closing) {
+            this.deadline = Some(Box::pin(tokio::time::sleep(CLOSE_TIMEOUT)));
+        }
+        if let Some(deadline) = &mut this.deadline {
+            if deadline.as_mut().poll(cx).is_ready() {
+                debug!(module = %name, "websocket closing handshake timed out");
+                return Poll::Ready(());
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// What one half works on: the connection it reads, the one it writes, and
+/// the other half's queue (frames for the source's peer).
+struct Ends<'a> {
+    source: &'a mut dyn Io,
+    sink: &'a mut dyn Io,
+    reply: &'a mut VecDeque<Vec<u8>>,
+}
+
+/// One direction of the relay: where the parser is in what its source
+/// sends, and what waits to be written to its sink.
+struct Half {
+    /// Whose frames the source carries.
+    from: Peer,
+    /// Bytes read from `source` and not yet written or dropped; the first
+    /// `pass` of them are checked and wait to be written to `sink`.
+    buf: BytesMut,
+    pass: usize,
+    /// What the read buffer is sized to now (see [`READ_BUFFER`]).
+    size: usize,
+    position: Position,
+    /// Length of the data message in progress, across its fragments.
+    message: u64,
+    /// `sink` was sent a close (this source's, or one the relay made):
+    /// whatever the source sends after it is dropped.
+    closed: bool,
+    /// A close crossed or was made, or this half stopped: the relay's
+    /// closing deadline runs.
+    closing: bool,
+    /// Frames the relay made for `sink` (pongs, closes), encoded, written
+    /// at frame boundaries.
+    queue: VecDeque<Vec<u8>>,
+    /// How much of the first queued frame is written, once it is begun.
+    sending: Option<u32>,
+    state: State,
+}
+
+/// Where a half is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Forwarding frames.
+    Running,
+    /// Stopped: writing what is left for the sink (the checked bytes, then,
+    /// between frames, the queued frames up to a close).
+    Finishing,
+    /// All written that could be: shutting the sink's stream.
+    ShuttingDown,
+    Done,
 }
 
 /// Where the parser is in the source's byte stream.
@@ -342,7 +336,7 @@ enum Position {
     Payload { left: u64, forward: bool },
 }
 
-/// Why a direction stops forwarding.
+/// Why a half stops forwarding.
 #[derive(Debug)]
 enum Stop {
     /// The source closed its stream.
@@ -357,11 +351,24 @@ enum Stop {
     Shutdown,
 }
 
-impl<R, W> Direction<R, W>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
+impl Half {
+    fn new(from: Peer, early: Bytes) -> Half {
+        Half {
+            from,
+            // What hyper had read past the handshake comes first.
+            buf: BytesMut::from(&early[..]),
+            pass: 0,
+            size: READ_BUFFER,
+            position: Position::Boundary,
+            message: 0,
+            closed: false,
+            closing: false,
+            queue: VecDeque::new(),
+            sending: None,
+            state: State::Running,
+        }
+    }
+
     fn to(&self) -> Peer {
         match self.from {
             Peer::Client => Peer::Module,
@@ -369,175 +376,229 @@ where
         }
     }
 
-    async fn run(
-        mut self,
-        module_failed: CancellationToken,
-        shutdown: &CancellationToken,
-        name: &str,
-    ) {
-        let mut size = READ_BUFFER;
-        let mut buf = BytesMut::with_capacity(READ_BUFFER.max(self.early.len()));
-        buf.extend_from_slice(&std::mem::take(&mut self.early));
-        let mut position = Position::Boundary;
-        // Length of the data message in progress, across its fragments.
-        let mut message = 0u64;
-        // A close from this source was forwarded: ignore what follows.
-        let mut closed = false;
-        if !buf.is_empty() {
-            if let Err(stop) = self
-                .forward(&mut buf, &mut position, &mut message, &mut closed)
-                .await
-            {
-                Box::pin(self.finish(stop, position, closed, name)).await;
-                return;
-            }
-        }
-        // Registered once: re-registering every turn would take the token's
-        // lock once per message.
-        let failed = module_failed.cancelled();
-        tokio::pin!(failed);
-        // Until the other direction has ended (its sender gone): a closed
-        // queue answers at once, so polling it again would spin.
-        let mut queue_open = true;
-        let stop = loop {
-            let at_boundary = matches!(position, Position::Boundary);
-            tokio::select! {
-                biased;
-                // The supervisor marks a shutdown before it ends the
-                // incarnations, so this tells the two apart.
-                _ = &mut failed => break if shutdown.is_cancelled() {
-                    Stop::Shutdown
-                } else {
-                    Stop::ModuleFailed
-                },
-                made = self.queue.recv(), if at_boundary && queue_open => {
-                    let Some(made) = made else {
-                        queue_open = false;
-                        continue;
-                    };
-                    let is_close = matches!(made, Made::Close(..));
-                    if let Err(e) = self.sink.write_all(&made.encode(self.to())).await {
-                        break Stop::Io(e);
-                    }
-                    if is_close {
-                        self.closing.cancel();
-                    }
-                }
-                read = read_some(&mut self.source, &mut buf, size) => match read {
-                    Ok(0) => break Stop::Eof,
-                    Err(e) => break Stop::Io(e),
-                    Ok(_) => {
-                        // The read took all the room there was: more is coming.
-                        if buf.len() == buf.capacity() && size < MAX_READ_BUFFER {
-                            size *= 2;
-                        }
-                        match self.forward(&mut buf, &mut position, &mut message, &mut closed).await {
-                            Ok(()) => {}
-                            Err(stop) => break stop,
-                        }
-                        if buf.is_empty() && buf.capacity() < size {
-                            // Back to the front: no copy, no allocation.
-                            let _ = buf.try_reclaim(size);
-                        }
-                        if buf.capacity() - buf.len() < size / 4 {
-                            buf.reserve(size);
-                        }
-                    }
-                },
-            }
-        };
-        Box::pin(self.finish(stop, position, closed, name)).await;
+    fn is_running(&self) -> bool {
+        self.state == State::Running
     }
 
-    /// Forwards every complete piece of `buf`, answering pings and checking
-    /// sizes; what is left is an incomplete header or ping.
-    async fn forward(
-        &mut self,
-        buf: &mut BytesMut,
-        position: &mut Position,
-        message: &mut u64,
-        closed: &mut bool,
-    ) -> Result<(), Stop> {
-        // The first `pass` bytes of `buf` are checked and wait to be written.
-        let mut pass = 0usize;
+    fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Drives this half as far as it goes without waiting.
+    fn drive(&mut self, cx: &mut Context<'_>, ends: &mut Ends<'_>, max_message: usize, name: &str) {
         loop {
-            match *position {
+            match self.state {
+                State::Running => match self.forward(cx, ends, max_message) {
+                    Poll::Ready(stop) => self.stop(stop, ends.reply, name),
+                    Poll::Pending => return,
+                },
+                State::Finishing | State::ShuttingDown => {
+                    if self.poll_finish(cx, ends.sink).is_pending() {
+                        return;
+                    }
+                }
+                State::Done => return,
+            }
+        }
+    }
+
+    /// Forwards until it must wait for its source or sink (`Pending`), or
+    /// must stop (`Ready`, and why).
+    fn forward(
+        &mut self,
+        cx: &mut Context<'_>,
+        ends: &mut Ends<'_>,
+        max_message: usize,
+    ) -> Poll<Stop> {
+        loop {
+            if let Err(e) = ready!(self.poll_write_pending(cx, ends.sink)) {
+                return Poll::Ready(Stop::Io(e));
+            }
+            if matches!(self.position, Position::Boundary) && !self.queue.is_empty() {
+                // Nothing may follow a close (RFC 6455 §5.5.1).
+                if self.closed {
+                    self.queue.clear();
+                } else {
+                    self.begin_sending();
+                }
+                continue;
+            }
+            if let Err(stop) = self.parse(ends.reply, max_message) {
+                return Poll::Ready(stop);
+            }
+            if self.pass > 0 {
+                continue;
+            }
+            match ready!(self.poll_read(cx, ends.source)) {
+                Ok(0) => return Poll::Ready(Stop::Eof),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Stop::Io(e)),
+            }
+        }
+    }
+
+    /// Reads what the source has. While it has nothing, an empty buffer is
+    /// let go, and taken again (`size`) when the source wakes the relay.
+    fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        source: &mut dyn Io,
+    ) -> Poll<std::io::Result<usize>> {
+        if self.buf.is_empty() && self.buf.capacity() < self.size {
+            // Back to the front: no copy, no allocation.
+            let _ = self.buf.try_reclaim(self.size);
+        }
+        if self.buf.capacity() - self.buf.len() < self.size / 4 {
+            self.buf.reserve(self.size);
+        }
+        let read = tokio_util::io::poll_read_buf(Pin::new(source), cx, &mut self.buf);
+        match read {
+            Poll::Pending if self.buf.is_empty() => {
+                self.buf = BytesMut::new();
+                Poll::Pending
+            }
+            Poll::Ready(Ok(n)) if n > 0 => {
+                // The read took all the room there was: more is coming.
+                if self.buf.len() == self.buf.capacity() && self.size < MAX_READ_BUFFER {
+                    self.size *= 2;
+                }
+                Poll::Ready(Ok(n))
+            }
+            read => read,
+        }
+    }
+
+    /// Writes what waits for the sink: the frame the relay made that is
+    /// begun, then the checked bytes.
+    fn poll_write_pending(
+        &mut self,
+        cx: &mut Context<'_>,
+        sink: &mut dyn Io,
+    ) -> Poll<std::io::Result<()>> {
+        let zero = || std::io::Error::from(std::io::ErrorKind::WriteZero);
+        while let Some(written) = self.sending {
+            let frame = self.queue.front().expect("UNWRAP: a frame is begun");
+            let n = ready!(Pin::new(&mut *sink).poll_write(cx, &frame[written as usize..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(zero()));
+            }
+            // A frame the relay makes is at most 131 bytes.
+            let written = written + n as u32;
+            if written as usize == frame.len() {
+                self.queue.pop_front();
+                self.sending = None;
+            } else {
+                self.sending = Some(written);
+            }
+        }
+        while self.pass > 0 {
+            let n = ready!(Pin::new(&mut *sink).poll_write(cx, &self.buf[..self.pass]))?;
+            if n == 0 {
+                return Poll::Ready(Err(zero()));
+            }
+            self.buf.advance(n);
+            self.pass -= n;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Begins writing the first queued frame to the sink.
+    fn begin_sending(&mut self) {
+        let is_close = self
+            .queue
+            .front()
+            .is_some_and(|frame| frame[0] & 0x0f == u8::from(OpCode::Control(Control::Close)));
+        if is_close {
+            self.closed = true;
+            self.closing = true;
+        }
+        self.sending = Some(0);
+    }
+
+    /// Parses the buffer past its checked bytes: data and close frames are
+    /// checked and added to `pass`; a ping is answered (its pong queued on
+    /// `reply`) and dropped, as a pong is. Returns when it needs more bytes,
+    /// or when bytes are to be dropped while checked ones still wait to be
+    /// written (the caller writes them and parses again); nothing is
+    /// changed for a frame it returns at.
+    fn parse(&mut self, reply: &mut VecDeque<Vec<u8>>, max_message: usize) -> Result<(), Stop> {
+        loop {
+            match self.position {
                 Position::Payload { left, forward } => {
-                    let available = buf.len() - pass;
-                    if available == 0 {
-                        break;
+                    let available = self.buf.len() - self.pass;
+                    if available == 0 || (!forward && self.pass > 0) {
+                        return Ok(());
                     }
                     let here = available.min(usize::try_from(left).unwrap_or(usize::MAX));
                     if forward {
-                        pass += here;
+                        self.pass += here;
                     } else {
-                        self.flush(buf, &mut pass).await?;
-                        buf.advance(here);
+                        self.buf.advance(here);
                     }
                     let left = left - here as u64;
-                    if left > 0 {
-                        *position = Position::Payload { left, forward };
-                        break;
-                    }
-                    *position = Position::Boundary;
+                    self.position = if left > 0 {
+                        Position::Payload { left, forward }
+                    } else {
+                        Position::Boundary
+                    };
                 }
                 Position::Boundary => {
-                    let mut cursor = Cursor::new(&buf[pass..]);
+                    let mut cursor = Cursor::new(&self.buf[self.pass..]);
                     let parsed = FrameHeader::parse(&mut cursor).map_err(|e| {
                         Stop::Refuse(CloseCode::Protocol, format!("bad frame: {e}"))
                     })?;
                     let Some((header, length)) = parsed else {
-                        break;
+                        return Ok(());
                     };
                     let header_len = cursor.position() as usize;
                     self.check(&header, length)?;
-                    match header.opcode {
-                        OpCode::Control(control @ (Control::Ping | Control::Pong)) => {
-                            let total = header_len + length as usize;
-                            if buf.len() - pass < total {
-                                break; // the rest of this small frame is still on its way
-                            }
-                            self.flush(buf, &mut pass).await?;
-                            if control == Control::Ping && !*closed {
-                                let mut payload = buf[header_len..total].to_vec();
-                                if let Some(mask) = header.mask {
-                                    for (i, byte) in payload.iter_mut().enumerate() {
-                                        *byte ^= mask[i & 3];
-                                    }
-                                }
-                                // A full queue means the peer is not reading
-                                // its pongs anyway.
-                                self.reply.try_send(Made::Pong(payload));
-                            }
-                            buf.advance(total);
-                            continue;
-                        }
-                        OpCode::Control(Control::Close) => self.closing.cancel(),
-                        OpCode::Data(Data::Continue) => *message += length,
-                        OpCode::Data(_) => *message = length,
-                        OpCode::Control(_) => {}
-                    }
-                    if matches!(header.opcode, OpCode::Data(_))
-                        && *message > self.max_message as u64
+                    if let OpCode::Control(control @ (Control::Ping | Control::Pong)) =
+                        header.opcode
                     {
-                        return Err(Stop::Refuse(
-                            CloseCode::Size,
-                            format!("message over the limit of {} bytes", self.max_message),
-                        ));
+                        let total = header_len + length as usize;
+                        if self.pass > 0 || self.buf.len() < total {
+                            return Ok(());
+                        }
+                        if control == Control::Ping && !self.closed && reply.len() < QUEUED_FRAMES {
+                            let mut payload = self.buf[header_len..total].to_vec();
+                            if let Some(mask) = header.mask {
+                                for (i, byte) in payload.iter_mut().enumerate() {
+                                    *byte ^= mask[i & 3];
+                                }
+                            }
+                            reply.push_back(Made::Pong(payload).encode(self.from));
+                        }
+                        self.buf.advance(total);
+                        continue;
                     }
                     // Nothing may follow a close (RFC 6455 §5.5.1): drop it.
-                    let forward = !*closed;
+                    let forward = !self.closed;
+                    if !forward && self.pass > 0 {
+                        return Ok(());
+                    }
+                    let message = match header.opcode {
+                        OpCode::Data(Data::Continue) => self.message + length,
+                        OpCode::Data(_) => length,
+                        OpCode::Control(_) => self.message,
+                    };
+                    if matches!(header.opcode, OpCode::Data(_)) && message > max_message as u64 {
+                        return Err(Stop::Refuse(
+                            CloseCode::Size,
+                            format!("message over the limit of {max_message} bytes"),
+                        ));
+                    }
+                    self.message = message;
                     if forward {
-                        pass += header_len;
+                        self.pass += header_len;
                     } else {
-                        self.flush(buf, &mut pass).await?;
-                        buf.advance(header_len);
+                        self.buf.advance(header_len);
                     }
                     if header.opcode == OpCode::Control(Control::Close) {
-                        *closed = true;
+                        self.closed = true;
+                        self.closing = true;
                     }
                     if length > 0 {
-                        *position = Position::Payload {
+                        self.position = Position::Payload {
                             left: length,
                             forward,
                         };
@@ -545,17 +606,6 @@ where
                 }
             }
         }
-        self.flush(buf, &mut pass).await
-    }
-
-    /// Writes the first `pass` bytes of `buf` to the sink and drops them.
-    async fn flush(&mut self, buf: &mut BytesMut, pass: &mut usize) -> Result<(), Stop> {
-        if *pass > 0 {
-            self.sink.write_all(&buf[..*pass]).await.map_err(Stop::Io)?;
-            buf.advance(*pass);
-            *pass = 0;
-        }
-        Ok(())
     }
 
     /// The checks RFC 6455 §5 asks of every frame header.
@@ -582,13 +632,13 @@ where
         Ok(())
     }
 
-    /// Ends this direction: tells both peers why where it can, and closes
-    /// the sink's stream.
-    async fn finish(mut self, stop: Stop, position: Position, closed: bool, name: &str) {
-        let at_boundary = matches!(position, Position::Boundary);
+    /// Stops forwarding for `stop`: queues a close for the source's peer on
+    /// `reply` and one for the sink where each should hear why, and turns
+    /// to finishing.
+    fn stop(&mut self, stop: Stop, reply: &mut VecDeque<Vec<u8>>, name: &str) {
         let (to_sink, to_source) = match &stop {
             // A clean end: the close already crossed, or the peer just left.
-            Stop::Eof if closed => (None, None),
+            Stop::Eof if self.closed => (None, None),
             // The client took nothing for the send timeout: it hears
             // nothing more; the module is told the client is gone.
             Stop::Io(e) if is_send_timeout(e) => (
@@ -633,26 +683,323 @@ where
             }
         }
         if let Some((code, reason)) = to_source {
-            self.reply.try_send(Made::Close(code, reason));
+            if reply.len() < QUEUED_FRAMES {
+                reply.push_back(Made::Close(code, reason).encode(self.from));
+            }
         }
+        // After what the other half queued for the sink (a close reply,
+        // say): only the first close reaches it.
         if let Some((code, reason)) = to_sink {
-            if at_boundary && !closed {
-                let frame = Made::Close(code, reason).encode(self.to());
-                let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.sink.write_all(&frame)).await;
+            self.queue
+                .push_back(Made::Close(code, reason).encode(self.to()));
+        }
+        self.closing = true;
+        self.state = State::Finishing;
+    }
+
+    /// Writes what is left for the sink, then shuts its stream. Ready once
+    /// done; a write that fails skips to the shutdown.
+    fn poll_finish(&mut self, cx: &mut Context<'_>, sink: &mut dyn Io) -> Poll<()> {
+        while self.state == State::Finishing {
+            match ready!(self.poll_write_pending(cx, sink)) {
+                Err(_) => self.state = State::ShuttingDown,
+                // Between frames, and no close sent yet: the next queued.
+                Ok(()) => {
+                    if matches!(self.position, Position::Boundary)
+                        && !self.closed
+                        && !self.queue.is_empty()
+                    {
+                        self.begin_sending();
+                    } else {
+                        self.state = State::ShuttingDown;
+                    }
+                }
             }
         }
-        self.closing.cancel();
-        // Frames the other direction still queued for this sink (a close
-        // reply, say) go out before the stream ends.
-        while let Some(made) = self.queue.try_recv() {
-            if !at_boundary {
-                break;
-            }
-            let frame = made.encode(self.to());
-            if self.sink.write_all(&frame).await.is_err() {
-                break;
+        if self.state == State::ShuttingDown {
+            let _ = ready!(Pin::new(sink).poll_shutdown(cx));
+            self.state = State::Done;
+        }
+        Poll::Ready(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    const LIMIT: usize = 1000;
+
+    /// A frame's bytes (any opcode, even one a peer must not send),
+    /// masked when `masked`, as a client's are.
+    fn frame(opcode: OpCode, fin: bool, payload: &[u8], masked: bool) -> Vec<u8> {
+        let header = FrameHeader {
+            is_final: fin,
+            opcode,
+            mask: masked.then_some([1, 2, 3, 4]),
+            ..FrameHeader::default()
+        };
+        let mut bytes = Vec::new();
+        header
+            .format(payload.len() as u64, &mut bytes)
+            .expect("format");
+        let mut payload = payload.to_vec();
+        if let Some(mask) = header.mask {
+            for (i, byte) in payload.iter_mut().enumerate() {
+                *byte ^= mask[i & 3];
             }
         }
-        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.sink.shutdown()).await;
+        bytes.extend(payload);
+        bytes
+    }
+
+    fn text(payload: &str) -> Vec<u8> {
+        frame(OpCode::Data(Data::Text), true, payload.as_bytes(), true)
+    }
+
+    /// The next whole frame from `stream`: its header and unmasked payload.
+    async fn next_frame(
+        stream: &mut DuplexStream,
+        pending: &mut Vec<u8>,
+    ) -> (FrameHeader, Vec<u8>) {
+        loop {
+            let mut cursor = Cursor::new(&pending[..]);
+            if let Some((header, length)) = FrameHeader::parse(&mut cursor).expect("a frame") {
+                let start = cursor.position() as usize;
+                let end = start + length as usize;
+                if pending.len() >= end {
+                    let mut payload = pending[start..end].to_vec();
+                    if let Some(mask) = header.mask {
+                        for (i, byte) in payload.iter_mut().enumerate() {
+                            *byte ^= mask[i & 3];
+                        }
+                    }
+                    pending.drain(..end);
+                    return (header, payload);
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk))
+                .await
+                .expect("a frame within 5 s")
+                .expect("read");
+            assert!(n > 0, "the stream ended; had {pending:?}");
+            pending.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn close_code(payload: &[u8]) -> u16 {
+        u16::from_be_bytes([payload[0], payload[1]])
+    }
+
+    struct Ends {
+        client: DuplexStream,
+        module: DuplexStream,
+        failed: CancellationToken,
+        relay: tokio::task::JoinHandle<()>,
+    }
+
+    fn start() -> Ends {
+        let (client_near, client) = tokio::io::duplex(64 * 1024);
+        let (module_near, module) = tokio::io::duplex(64 * 1024);
+        let failed = CancellationToken::new();
+        let relay = relay(
+            Socket::new(client_near, Bytes::new()),
+            Socket::new(module_near, Bytes::new()),
+            failed.clone(),
+            CancellationToken::new(),
+            LIMIT,
+            "m".into(),
+        );
+        Ends {
+            client,
+            module,
+            failed,
+            relay: tokio::spawn(relay),
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_split_anywhere_cross_whole_and_pings_are_answered_on_their_hop() {
+        let mut ends = start();
+        let mut bytes = text("hello");
+        bytes.extend(frame(OpCode::Control(Control::Ping), true, b"p1", true));
+        bytes.extend(frame(OpCode::Data(Data::Binary), false, &[7; 300], true));
+        bytes.extend(frame(OpCode::Data(Data::Continue), true, &[8; 5], true));
+        // One byte at a time: every header and payload split across reads.
+        for byte in &bytes {
+            ends.client.write_all(&[*byte]).await.expect("write");
+        }
+        let (mut at_module, mut at_client) = (Vec::new(), Vec::new());
+        let (header, payload) = next_frame(&mut ends.module, &mut at_module).await;
+        assert_eq!(
+            (header.opcode, &payload[..]),
+            (OpCode::Data(Data::Text), &b"hello"[..])
+        );
+        assert!(header.mask.is_some(), "forwarded masked, as it came");
+        let (header, payload) = next_frame(&mut ends.module, &mut at_module).await;
+        assert_eq!(
+            header.opcode,
+            OpCode::Data(Data::Binary),
+            "the ping is not forwarded"
+        );
+        assert_eq!(payload, vec![7; 300]);
+        let (header, payload) = next_frame(&mut ends.module, &mut at_module).await;
+        assert_eq!(
+            (header.opcode, payload),
+            (OpCode::Data(Data::Continue), vec![8; 5])
+        );
+        let (header, payload) = next_frame(&mut ends.client, &mut at_client).await;
+        assert_eq!(
+            (header.opcode, &payload[..]),
+            (OpCode::Control(Control::Pong), &b"p1"[..])
+        );
+        assert!(header.mask.is_none(), "frames to a client are not masked");
+        // And the other way.
+        let reply = frame(OpCode::Data(Data::Text), true, b"back", false);
+        ends.module.write_all(&reply).await.expect("write");
+        let (header, payload) = next_frame(&mut ends.client, &mut at_client).await;
+        assert_eq!(
+            (header.opcode, &payload[..]),
+            (OpCode::Data(Data::Text), &b"back"[..])
+        );
+        ends.relay.abort();
+    }
+
+    #[tokio::test]
+    async fn frames_before_a_bad_one_arrive_then_both_peers_get_1002() {
+        let mut ends = start();
+        let mut bytes = text("first");
+        bytes.extend(frame(OpCode::Data(Data::Text), true, b"unmasked", false));
+        ends.client.write_all(&bytes).await.expect("write");
+        let (mut at_module, mut at_client) = (Vec::new(), Vec::new());
+        let (_, payload) = next_frame(&mut ends.module, &mut at_module).await;
+        assert_eq!(payload, b"first");
+        let (header, payload) = next_frame(&mut ends.module, &mut at_module).await;
+        assert_eq!(header.opcode, OpCode::Control(Control::Close));
+        assert_eq!(close_code(&payload), 1002);
+        let (header, payload) = next_frame(&mut ends.client, &mut at_client).await;
+        assert_eq!(header.opcode, OpCode::Control(Control::Close));
+        assert_eq!(close_code(&payload), 1002);
+        assert!(String::from_utf8_lossy(&payload).contains("client frames must be masked"));
+        ends.relay.abort();
+    }
+
+    #[tokio::test]
+    async fn a_message_over_the_limit_across_fragments_closes_with_1009() {
+        let mut ends = start();
+        let mut bytes = frame(OpCode::Data(Data::Text), false, &[b'a'; 600], true);
+        bytes.extend(frame(
+            OpCode::Data(Data::Continue),
+            true,
+            &[b'b'; 600],
+            true,
+        ));
+        ends.client.write_all(&bytes).await.expect("write");
+        let (mut at_module, mut at_client) = (Vec::new(), Vec::new());
+        let (header, _) = next_frame(&mut ends.module, &mut at_module).await;
+        assert_eq!(
+            header.opcode,
+            OpCode::Data(Data::Text),
+            "the first part is within"
+        );
+        let (header, payload) = next_frame(&mut ends.module, &mut at_module).await;
+        assert_eq!(
+            (header.opcode, close_code(&payload)),
+            (OpCode::Control(Control::Close), 1009)
+        );
+        let (_, payload) = next_frame(&mut ends.client, &mut at_client).await;
+        assert_eq!(close_code(&payload), 1009);
+        ends.relay.abort();
+    }
+
+    #[tokio::test]
+    async fn after_a_close_nothing_crosses_and_the_handshake_ends_the_relay() {
+        let mut ends = start();
+        let mut bytes = frame(
+            OpCode::Control(Control::Close),
+            true,
+            &1000u16.to_be_bytes(),
+            true,
+        );
+        bytes.extend(text("too late"));
+        ends.client.write_all(&bytes).await.expect("write");
+        let (mut at_module, mut at_client) = (Vec::new(), Vec::new());
+        let (header, payload) = next_frame(&mut ends.module, &mut at_module).await;
+        assert_eq!(
+            (header.opcode, close_code(&payload)),
+            (OpCode::Control(Control::Close), 1000)
+        );
+        // The module answers the close and hangs up.
+        let reply = frame(
+            OpCode::Control(Control::Close),
+            true,
+            &1000u16.to_be_bytes(),
+            false,
+        );
+        ends.module.write_all(&reply).await.expect("write");
+        drop(ends.module);
+        let (header, _) = next_frame(&mut ends.client, &mut at_client).await;
+        assert_eq!(header.opcode, OpCode::Control(Control::Close));
+        drop(ends.client);
+        tokio::time::timeout(Duration::from_secs(5), ends.relay)
+            .await
+            .expect("the relay ends with both sides")
+            .expect("no panic");
+        assert!(
+            at_module.is_empty(),
+            "nothing after the close: {at_module:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_module_closes_the_client_with_1012() {
+        let mut ends = start();
+        ends.client.write_all(&text("hi")).await.expect("write");
+        let mut at_module = Vec::new();
+        next_frame(&mut ends.module, &mut at_module).await;
+        ends.failed.cancel();
+        let mut at_client = Vec::new();
+        let (header, payload) = next_frame(&mut ends.client, &mut at_client).await;
+        assert_eq!(
+            (header.opcode, close_code(&payload)),
+            (OpCode::Control(Control::Close), 1012)
+        );
+        drop(ends.client);
+        drop(ends.module);
+        tokio::time::timeout(Duration::from_secs(6), ends.relay)
+            .await
+            .expect("the relay ends")
+            .expect("no panic");
+    }
+
+    #[tokio::test]
+    async fn an_idle_relay_holds_no_buffer_and_is_small() {
+        let mut ends = start();
+        ends.client.write_all(&text("hi")).await.expect("write");
+        let mut at_module = Vec::new();
+        next_frame(&mut ends.module, &mut at_module).await;
+        // Built on its own, polled until it waits on both sockets.
+        let (client_near, _client) = tokio::io::duplex(1024);
+        let (module_near, _module) = tokio::io::duplex(1024);
+        let mut relay = relay(
+            Socket::new(client_near, Bytes::new()),
+            Socket::new(module_near, Bytes::new()),
+            CancellationToken::new(),
+            CancellationToken::new(),
+            LIMIT,
+            "m".into(),
+        );
+        assert!(futures_poll_once(&mut relay).await.is_pending());
+        assert!(relay.halves.iter().all(|h| h.buf.capacity() == 0));
+        // The whole state of an idle websocket, beside its sockets.
+        let size = std::mem::size_of::<Relay>();
+        assert!(size <= 384, "Relay is {size} bytes");
+        ends.relay.abort();
+    }
+
+    async fn futures_poll_once(relay: &mut Relay) -> Poll<()> {
+        std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *relay).poll(cx))).await
     }
 }

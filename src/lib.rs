@@ -54,6 +54,12 @@ pub mod shutdown;
 pub mod supervisor;
 pub mod wheel;
 
+/// The linker script `build.rs` writes from `link/ray-dashd.order`, for its
+/// tests (the build script cannot have any).
+#[cfg(test)]
+#[path = "../link/script.rs"]
+mod link_script;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

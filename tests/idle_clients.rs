@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::support::{dashd, eventually, raw_exchange, test_module, WAIT};
+use crate::support::{dashd, eventually, metric_value, raw_exchange, test_module, WAIT};
 
 /// `ray_dashd_client_connections_waiting`, scraped on a connection of its
 /// own, closed after the answer (so never counted itself).
@@ -19,9 +19,7 @@ fn waiting(addr: SocketAddr) -> Option<u64> {
         addr,
         b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     );
-    text.lines()
-        .find_map(|l| l.strip_prefix("ray_dashd_client_connections_waiting "))
-        .and_then(|v| v.trim().parse().ok())
+    metric_value(&text, "ray_dashd_client_connections_waiting").map(|v| v as u64)
 }
 
 /// Waits until exactly `n` client connections are parked.

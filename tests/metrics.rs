@@ -4,7 +4,9 @@
 
 use nix::sys::signal::Signal;
 
-use crate::support::{client, dashd, eventually, kill, test_module, Dashd, WAIT};
+use crate::support::{
+    client, dashd, eventually, kill, metric_value as value, test_module, Dashd, WAIT,
+};
 
 /// `GET /metrics` of `d`, with `token` when given.
 async fn scrape(d: &Dashd, token: Option<&str>) -> (u16, String) {
@@ -15,14 +17,6 @@ async fn scrape(d: &Dashd, token: Option<&str>) -> (u16, String) {
     let response = request.send().await.expect("GET /metrics");
     let status = response.status().as_u16();
     (status, response.text().await.expect("metrics text"))
-}
-
-/// The value of the series `series` (its name and labels, as written), if
-/// the scrape has it.
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.parse().ok())
 }
 
 /// After N requests to a module's http route, its counter for kind `http`

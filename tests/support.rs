@@ -581,6 +581,14 @@ impl Drop for Dashd {
     }
 }
 
+/// The value of the series `series` (its name and labels, as written) in a
+/// Prometheus text scrape, if the scrape has it.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// A client that follows no redirects and has no proxy.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()

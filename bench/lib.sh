@@ -2,7 +2,7 @@
 #
 #   BENCH_TAG=ray-scale; source "$BENCH_DIR/lib.sh"
 #
-# log/die (prefixed with BENCH_TAG), alive, cpu_busy_pct and
+# log/die (prefixed with BENCH_TAG), alive, stop_pid, cpu_busy_pct and
 # warn_if_busy; for the scripts that run a Ray head, stop_dashboard (needs
 # LOADGEN and DASH_PID) and stop_head (needs HEAD_PID and TMP).
 
@@ -28,6 +28,23 @@ cpu_busy_pct() { # CPU busy over one second, all cores, in percent
 warn_if_busy() {
     BUSY_BEFORE=$(cpu_busy_pct)
     ((BUSY_BEFORE < 10)) || log "warning: the host was ${BUSY_BEFORE}% busy before the run; results will be skewed"
+}
+
+stop_pid() { # pid grace_s [name]: SIGTERM, then SIGKILL after grace_s (said when named); reaped
+    local pid=$1 grace=$2 name=${3:-} i
+    [[ -n "$pid" ]] || return 0
+    if alive "$pid"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < grace * 10; i++)); do
+            alive "$pid" || break
+            sleep 0.1
+        done
+        if alive "$pid"; then
+            [[ -z "$name" ]] || log "$name (pid $pid) ignored SIGTERM; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
+    wait "$pid" 2>/dev/null || true
 }
 
 STOP_JSON=""

@@ -93,18 +93,6 @@ LOAD_PID=""   # poll-mix
 TRACE_PID=""  # cpu_trace.py beside it
 WALK_RAY_PID=""  # Ray's dashboard beside ray-dashd during the UI walk
 
-stop_pid() { # pid grace_s: SIGTERM, then SIGKILL after grace_s
-    local pid=$1 grace=$2 i
-    [[ -n "$pid" ]] || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < grace * 10; i++)); do
-        alive "$pid" || break
-        sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
-
 cleanup() {
     local status=$?
     stop_pid "$LOAD_PID" 5

@@ -117,24 +117,11 @@ DASHD_PID=""
 NGINX_PID=""
 RELAY_PID=""
 
-stop_pid() { # pid name: SIGTERM, then SIGKILL after ~10 s
-    local pid=$1 name=$2 i
-    [[ -n "$pid" ]] && alive "$pid" || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do
-        alive "$pid" || return 0
-        sleep 0.1
-    done
-    log "$name (pid $pid) ignored SIGTERM; sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-}
-
 cleanup() {
     local status=$?
-    stop_pid "$NGINX_PID" nginx
-    stop_pid "$RELAY_PID" tcp-relay
-    stop_pid "$DASHD_PID" ray-dashd
-    [[ -n "$DASHD_PID" ]] && wait "$DASHD_PID" 2>/dev/null || true
+    stop_pid "$NGINX_PID" 10 nginx
+    stop_pid "$RELAY_PID" 10 tcp-relay
+    stop_pid "$DASHD_PID" 10 ray-dashd
     if [[ $status -ne 0 && -d "$TMP" ]]; then
         log "logs kept in $TMP (ray-dashd: $TMP/dashd.log, module: $SESSION/logs/)"
     else
@@ -252,7 +239,7 @@ EOF
         log "nginx pid $NGINX_PID (processes $NGINX_PIDS) on 127.0.0.1:$NGINX_PORT"
     else
         log "nginx did not start; see $TMP/nginx/error.log; carrying on without it"
-        stop_pid "$NGINX_PID" nginx
+        stop_pid "$NGINX_PID" 10 nginx
         NGINX_PID=""
         NGINX_DESC="failed to start"
     fi
@@ -273,7 +260,7 @@ if [[ "$RELAY_MODE" != off ]]; then
         log "bare relay pid $RELAY_PID on 127.0.0.1:$RELAY_PORT"
     else
         log "the bare relay did not start; see $TMP/relay.log; carrying on without it"
-        stop_pid "$RELAY_PID" tcp-relay
+        stop_pid "$RELAY_PID" 10 tcp-relay
         RELAY_PID=""
         RELAY_DESC="failed to start"
     fi

@@ -17,7 +17,7 @@ use super::fake_child::{Cpu, FakeSpawner, Healthz, Plan};
 use super::spawn::{Processes, Spawner};
 use super::state::Status;
 use super::task::{ModuleTask, MIN_RESTART_INTERVAL};
-use super::{ModuleHandle, ModuleShared, ModuleState};
+use super::{ModuleHandle, ModuleReport, ModuleShared, ModuleState};
 use crate::config::{ModuleSpec, Supervision};
 use crate::metrics::Metrics;
 use crate::session::Session;
@@ -183,14 +183,14 @@ async fn replaces_module_whose_health_check_hangs() {
     m.stop().await;
 }
 
-/// A module whose health checks go unanswered while its processes use a
-/// CPU is busy (its event loop blocked building a big answer), not hung:
-/// it is kept, for as long as `busy_max` allows, and says so.
-#[tokio::test(start_paused = true)]
-async fn a_busy_module_is_kept_until_busy_max() {
-    let fake = FakeSpawner::new(|n| match n {
+/// Runs a module whose health checks hang from 1.5 s on while its
+/// processes use a CPU as `cpu` says, with `busy_max` 20 s. Returns its
+/// report 10 s after it was first seen busy, the reason it was replaced
+/// with, and how long after its spawn it was stopped.
+async fn busy_until_replaced(cpu: Cpu) -> (ModuleReport, String, Duration) {
+    let fake = FakeSpawner::new(move |n| match n {
         0 => Plan::healthy()
-            .using(Cpu::Busy)
+            .using(cpu)
             .then(Duration::from_millis(1500), Healthz::Hang),
         _ => Plan::healthy(),
     });
@@ -201,9 +201,26 @@ async fn a_busy_module_is_kept_until_busy_max() {
     let m = start(fake.clone(), "fake", sup);
     m.healthy(0).await;
     m.until("busy", |s| s.busy_since.is_some()).await;
-    // Well past three missed checks, it is still the first incarnation.
+    // Well past three missed checks.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let report = m.handle.report();
+    m.healthy(1).await;
+    let error = m.last_error();
+    let stopped_after = fake.record(|r| {
+        let (n, stopped, _) = r.stops[0];
+        assert_eq!(n, 0);
+        stopped - r.spawns[0].1
+    });
+    m.stop().await;
+    (report, error, stopped_after)
+}
+
+/// A module whose health checks go unanswered while its processes use a
+/// CPU is busy (its event loop blocked building a big answer), not hung:
+/// it is kept, for as long as `busy_max` allows, and says so.
+#[tokio::test(start_paused = true)]
+async fn a_busy_module_is_kept_until_busy_max() {
+    let (report, error, after) = busy_until_replaced(Cpu::Busy).await;
     assert_eq!(report.state, ModuleState::Healthy, "{report:?}");
     assert_eq!(report.incarnation, Some(0));
     assert_eq!(report.failed_checks, 0);
@@ -214,20 +231,12 @@ async fn a_busy_module_is_kept_until_busy_max() {
         report.events
     );
     // Busy for longer than busy_max is a loop that never ends.
-    m.healthy(1).await;
-    let error = m.last_error();
     assert!(
         error.starts_with("busy for 20s without answering its health check (busy_max_secs 20)"),
         "{error}"
     );
-    fake.record(|r| {
-        let (n, stopped, _) = r.stops[0];
-        assert_eq!(n, 0);
-        let after = stopped - r.spawns[0].1;
-        assert!(after >= Duration::from_secs(22), "{after:?}");
-        assert!(after < Duration::from_secs(24), "{after:?}");
-    });
-    m.stop().await;
+    assert!(after >= Duration::from_secs(22), "{after:?}");
+    assert!(after < Duration::from_secs(24), "{after:?}");
 }
 
 /// A busy module on a machine so crowded that every other look at its
@@ -237,35 +246,15 @@ async fn a_busy_module_is_kept_until_busy_max() {
 /// still ends it.
 #[tokio::test(start_paused = true)]
 async fn a_busy_module_seen_every_other_check_is_kept_until_busy_max() {
-    let fake = FakeSpawner::new(|n| match n {
-        0 => Plan::healthy()
-            .using(Cpu::BusySlowLooks)
-            .then(Duration::from_millis(1500), Healthz::Hang),
-        _ => Plan::healthy(),
-    });
-    let sup = Supervision {
-        busy_max: Duration::from_secs(20),
-        ..supervision()
-    };
-    let m = start(fake.clone(), "fake", sup);
-    m.healthy(0).await;
-    m.until("busy", |s| s.busy_since.is_some()).await;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    let report = m.handle.report();
+    let (report, error, after) = busy_until_replaced(Cpu::BusySlowLooks).await;
     assert_eq!(report.incarnation, Some(0), "{report:?}");
     assert!(report.failed_checks < 2, "{report:?}");
-    m.healthy(1).await;
-    let error = m.last_error();
     assert!(
         error.starts_with("busy for 2") && error.contains("(busy_max_secs 20)"),
         "{error}"
     );
-    fake.record(|r| {
-        let after = r.stops[0].1 - r.spawns[0].1;
-        assert!(after >= Duration::from_secs(21), "{after:?}");
-        assert!(after < Duration::from_secs(26), "{after:?}");
-    });
-    m.stop().await;
+    assert!(after >= Duration::from_secs(21), "{after:?}");
+    assert!(after < Duration::from_secs(26), "{after:?}");
 }
 
 /// A stopped module (SIGSTOP) that used CPU before it stopped is hung, not

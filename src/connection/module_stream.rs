@@ -44,6 +44,39 @@ impl ModuleStream {
     pub(crate) fn socket(&self) -> &StdUnixStream {
         self.socket.get_ref()
     }
+
+    /// Runs `write` until it goes through, waiting for room when the socket
+    /// is full.
+    fn poll_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut write: impl FnMut(&StdUnixStream) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        let mut waited = false;
+        loop {
+            match write(self.socket.get_ref()) {
+                Ok(n) => {
+                    if !waited {
+                        // Room at the first try: stop watching for it.
+                        self.room = None;
+                    }
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.room.is_none() {
+                        let copy = self.socket.get_ref().as_fd().try_clone_to_owned()?;
+                        self.room = Some(register(copy, Interest::WRITABLE)?);
+                    }
+                    let room = self.room.as_ref().expect("UNWRAP: registered just above");
+                    let mut guard = ready!(room.poll_write_ready(cx))?;
+                    guard.clear_ready();
+                    waited = true;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
 }
 
 impl AsyncRead for ModuleStream {
@@ -94,41 +127,6 @@ fn register<T: AsRawFd>(io: T, interest: Interest) -> io::Result<AsyncFd<T>> {
     // SAFETY: `io` (a socket or an `OwnedFd`) owns its descriptor, which
     // stays open, and the same, until the `AsyncFd` drops it.
     unsafe { AsyncFd::register_with_interest(io, interest) }.map_err(|e| e.into_parts().1)
-}
-
-impl ModuleStream {
-    /// Runs `write` until it goes through, waiting for room when the socket
-    /// is full.
-    fn poll_with(
-        &mut self,
-        cx: &mut Context<'_>,
-        mut write: impl FnMut(&StdUnixStream) -> io::Result<usize>,
-    ) -> Poll<io::Result<usize>> {
-        let mut waited = false;
-        loop {
-            match write(self.socket.get_ref()) {
-                Ok(n) => {
-                    if !waited {
-                        // Room at the first try: stop watching for it.
-                        self.room = None;
-                    }
-                    return Poll::Ready(Ok(n));
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if self.room.is_none() {
-                        let copy = self.socket.get_ref().as_fd().try_clone_to_owned()?;
-                        self.room = Some(register(copy, Interest::WRITABLE)?);
-                    }
-                    let room = self.room.as_ref().expect("UNWRAP: registered just above");
-                    let mut guard = ready!(room.poll_write_ready(cx))?;
-                    guard.clear_ready();
-                    waited = true;
-                }
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-    }
 }
 
 impl AsyncWrite for ModuleStream {

@@ -800,7 +800,9 @@ mod tests {
         relay: tokio::task::JoinHandle<()>,
     }
 
-    fn start() -> Ends {
+    /// A relay between two duplex pipes, not yet polled, and the pipes'
+    /// far ends (the client's and the module's) and its failure token.
+    fn unstarted() -> (Relay, DuplexStream, DuplexStream, CancellationToken) {
         let (client_near, client) = tokio::io::duplex(64 * 1024);
         let (module_near, module) = tokio::io::duplex(64 * 1024);
         let failed = CancellationToken::new();
@@ -812,6 +814,11 @@ mod tests {
             LIMIT,
             "m".into(),
         );
+        (relay, client, module, failed)
+    }
+
+    fn start() -> Ends {
+        let (relay, client, module, failed) = unstarted();
         Ends {
             client,
             module,
@@ -976,27 +983,17 @@ mod tests {
 
     #[tokio::test]
     async fn an_idle_relay_holds_no_buffer_and_is_small() {
-        let mut ends = start();
-        ends.client.write_all(&text("hi")).await.expect("write");
-        let mut at_module = Vec::new();
-        next_frame(&mut ends.module, &mut at_module).await;
-        // Built on its own, polled until it waits on both sockets.
-        let (client_near, _client) = tokio::io::duplex(1024);
-        let (module_near, _module) = tokio::io::duplex(1024);
-        let mut relay = relay(
-            Socket::new(client_near, Bytes::new()),
-            Socket::new(module_near, Bytes::new()),
-            CancellationToken::new(),
-            CancellationToken::new(),
-            LIMIT,
-            "m".into(),
-        );
+        let (mut relay, mut client, mut module, _failed) = unstarted();
+        client.write_all(&text("hi")).await.expect("write");
+        // One poll reads the frame, forwards it, and finds both sockets
+        // empty: it waits, its read buffers let go.
         assert!(futures_poll_once(&mut relay).await.is_pending());
+        let (_, payload) = next_frame(&mut module, &mut Vec::new()).await;
+        assert_eq!(payload, b"hi", "the frame crossed");
         assert!(relay.halves.iter().all(|h| h.buf.capacity() == 0));
         // The whole state of an idle websocket, beside its sockets.
         let size = std::mem::size_of::<Relay>();
         assert!(size <= 384, "Relay is {size} bytes");
-        ends.relay.abort();
     }
 
     async fn futures_poll_once(relay: &mut Relay) -> Poll<()> {

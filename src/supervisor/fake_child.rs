@@ -61,9 +61,15 @@ pub(crate) enum Cpu {
     Busy,
     /// Stopped (SIGSTOP), after using a whole CPU.
     Stopped,
-    /// A whole CPU, on a machine so crowded that every other look at its
-    /// processes takes longer than any health timeout.
+    /// A whole CPU, on a machine so crowded that every look at its
+    /// processes takes twice the health timeout of the tests.
     BusySlowLooks,
+    /// A whole CPU, and every other look at its processes never ends (the
+    /// host's bound on a look ends it).
+    BusyLostLooks,
+    /// Computing, on a machine so crowded that it waits for a CPU through
+    /// every interval between looks: no CPU time, no wait ended, runnable.
+    Starved,
 }
 
 #[derive(Debug, Clone)]
@@ -339,15 +345,19 @@ impl Incarnation for FakeChild {
         let look = self
             .looks
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if self.cpu == Cpu::BusySlowLooks && look % 2 == 1 {
+        match self.cpu {
             // The caller's timeout ends this look.
-            return std::future::pending().await;
+            Cpu::BusyLostLooks if look % 2 == 1 => return std::future::pending().await,
+            Cpu::BusySlowLooks => sleep(Duration::from_secs(1)).await,
+            _ => {}
         }
         let ran = self.started.elapsed();
         let ticks_per_sec = 100;
         let cpu_ticks = match self.cpu {
-            Cpu::Idle => 0,
-            Cpu::Busy | Cpu::Stopped | Cpu::BusySlowLooks => (ran.as_millis() / 10) as u64,
+            Cpu::Idle | Cpu::Starved => 0,
+            Cpu::Busy | Cpu::Stopped | Cpu::BusySlowLooks | Cpu::BusyLostLooks => {
+                (ran.as_millis() / 10) as u64
+            }
         };
         let rss_bytes = match self.rss {
             (_, Some((after, bytes))) if ran >= after => bytes,
@@ -358,6 +368,7 @@ impl Incarnation for FakeChild {
             ticks_per_sec,
             wait_ns: 0,
             stopped: self.cpu == Cpu::Stopped,
+            runnable: self.cpu == Cpu::Starved,
             rss_bytes,
             processes: 1,
         })

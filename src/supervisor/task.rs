@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 use super::health::check_health;
 use super::spawn::{log_name, tail, Incarnation, Processes, Spawner};
 use super::state::{Gate, ModuleState};
-use super::usage::{Miss, Usage, Vitals};
+use super::usage::{Miss, Usage, Vitals, BUSY_CPU_SHARE};
 use super::ModuleShared;
 use crate::config::Supervision;
 use crate::connection::ModulePool;
@@ -342,12 +342,17 @@ impl<S: Spawner> ModuleTask<S> {
                         // look too slow to tell) does not count toward the
                         // threshold; busy_max bounds a run of these.
                         failed_checks = 0;
-                        let cpu = (share * 100.0).round();
-                        if for_.is_zero() {
-                            info!(incarnation, pid, cpu_percent = cpu, reason = %reason, "module busy: its health check went unanswered while it uses CPU");
+                        if let (true, Some(share)) = (for_.is_zero(), share) {
+                            let cpu = (share * 100.0).round();
+                            let doing = if share >= BUSY_CPU_SHARE {
+                                format!("using {cpu}% of a CPU")
+                            } else {
+                                "waiting for a CPU".to_owned()
+                            };
+                            info!(incarnation, pid, cpu_percent = cpu, reason = %reason, "module busy: its health check went unanswered while it is {doing}");
                             shared.update(|s| {
                                 s.busy_since = Some(SystemTime::now());
-                                s.record("busy", format!("{reason} while using {cpu}% of a CPU"));
+                                s.record("busy", format!("{reason} while {doing}"));
                             });
                         }
                         shared.update(|s| {
@@ -364,7 +369,11 @@ impl<S: Spawner> ModuleTask<S> {
                     }
                     Miss::Hung => {
                         failed_checks += 1;
-                        warn!(incarnation, pid, failed_checks, reason = %reason, "module health check failed");
+                        let cpu = share.map_or_else(
+                            || "not seen in time".to_owned(),
+                            |s| format!("{:.0}", s * 100.0),
+                        );
+                        warn!(incarnation, pid, failed_checks, cpu_percent = %cpu, reason = %reason, "module health check failed");
                         shared.update(|s| {
                             s.failed_checks = failed_checks;
                             s.busy_since = None;
@@ -555,12 +564,20 @@ fn over_budget(rss: u64, budget: u64) -> String {
     )
 }
 
-/// What `child`'s processes used, if `/proc` tells within `within`: the
-/// read runs on the blocking pool, and one stuck there (a process in the
-/// middle of an exit holding its memory map, say) must not hold up the
-/// module's health checks too. A late sample counts as none.
-async fn usage_within<C: Incarnation>(child: &C, within: Duration) -> Option<Usage> {
-    tokio::time::timeout(within, child.usage())
+/// The least time the host waits for a look at a module's processes. The
+/// look is the host's own work, slow only on a machine so crowded that
+/// its blocking thread waits to run: waiting for it spaces this module's
+/// checks out, where giving up soon would judge the miss it explains
+/// without it.
+const LOOK_WITHIN: Duration = Duration::from_secs(2);
+
+/// What `child`'s processes used, if `/proc` tells within the health
+/// timeout or [`LOOK_WITHIN`], whichever is longer: the read runs on the
+/// blocking pool, and one stuck there (a process in the middle of an exit
+/// holding its memory map, say) must not hold up the module's health
+/// checks for good. A late sample counts as none.
+async fn usage_within<C: Incarnation>(child: &C, health_timeout: Duration) -> Option<Usage> {
+    tokio::time::timeout(health_timeout.max(LOOK_WITHIN), child.usage())
         .await
         .ok()
         .flatten()

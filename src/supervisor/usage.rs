@@ -37,6 +37,12 @@ pub(crate) struct Usage {
     /// Whether one of its processes is stopped (`T`, a SIGSTOP) or stopped
     /// by a tracer (`t`).
     pub(crate) stopped: bool,
+    /// Whether one of its processes' main threads (where a module's event
+    /// loop runs) is running or waiting to run (`R`). On a crowded machine
+    /// a busy process may wait for the CPU through a whole interval, and
+    /// `wait_ns` counts a wait only once it has ended: the share then reads
+    /// near 0, while the state says it is working.
+    pub(crate) runnable: bool,
     /// Their resident memory together (`VmRSS`), in bytes.
     pub(crate) rss_bytes: u64,
     /// How many live processes it has.
@@ -81,6 +87,7 @@ pub(crate) fn sample(leader: u32) -> Option<Usage> {
         usage.cpu_ticks += stat.utime + stat.stime;
         usage.wait_ns += run_queue_wait_ns(p.id.pid).unwrap_or(0);
         usage.stopped |= matches!(stat.state, 'T' | 't');
+        usage.runnable |= stat.state == 'R';
         usage.rss_bytes += proc::status_kib(p.id.pid, "VmRSS").unwrap_or(0) * 1024;
     }
     (usage.processes > 0).then_some(usage)
@@ -134,10 +141,13 @@ fn ticks_per_sec() -> u64 {
 /// module's processes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Miss {
-    /// Its processes used this share of a CPU since the last sample, and
-    /// none is stopped: it is working, its loop blocked. It has been so
-    /// since `for_` ago; not a failure until `busy_max`.
-    Busy { share: f64, for_: Duration },
+    /// Its processes used this share of a CPU since the last sample (or
+    /// were runnable at it), and none is stopped: it is working, its loop
+    /// blocked. It has been so
+    /// since `for_` ago; not a failure until `busy_max`. No share: the
+    /// look with this miss was not taken in time, and the busy run it
+    /// interrupts goes on (a run starts only with a share).
+    Busy { share: Option<f64>, for_: Duration },
     /// Busy, but for longer than `busy_max`: a loop that never ends.
     BusyTooLong { for_: Duration },
     /// Stopped, or idle and silent, or not sampled in time: a failure.
@@ -170,25 +180,26 @@ impl Vitals {
     /// Judges a missed check at `at`, given the share [`Vitals::record`]
     /// returned for the sample taken with it.
     pub(crate) fn missed(&mut self, share: Option<f64>, at: Instant, busy_max: Duration) -> Miss {
-        let stopped = self.last.is_some_and(|(u, _)| u.stopped);
-        match share {
-            Some(share) if share >= BUSY_CPU_SHARE && !stopped => {
-                let since = *self.busy_since.get_or_insert(at);
-                let for_ = at.saturating_duration_since(since);
-                if for_ >= busy_max {
-                    Miss::BusyTooLong { for_ }
-                } else {
-                    Miss::Busy { share, for_ }
-                }
-            }
-            // No share (the look too slow to take): hung, as far as this
-            // miss can tell, but a busy run under way goes on, so that
-            // busy_max still bounds a module judged busy every other check.
-            None => Miss::Hung,
-            Some(_) => {
-                self.busy_since = None;
-                Miss::Hung
-            }
+        let (stopped, runnable) = self
+            .last
+            .map_or((false, false), |(u, _)| (u.stopped, u.runnable));
+        let busy = match share {
+            Some(share) => (share >= BUSY_CPU_SHARE || runnable) && !stopped,
+            // No share (the look not taken in time on a crowded machine):
+            // nothing new is known, so a busy run under way goes on, and
+            // busy_max still bounds it; without one, the miss is a failure.
+            None => self.busy_since.is_some(),
+        };
+        if !busy {
+            self.busy_since = None;
+            return Miss::Hung;
+        }
+        let since = *self.busy_since.get_or_insert(at);
+        let for_ = at.saturating_duration_since(since);
+        if for_ >= busy_max {
+            Miss::BusyTooLong { for_ }
+        } else {
+            Miss::Busy { share, for_ }
         }
     }
 
@@ -230,7 +241,7 @@ mod tests {
         assert_eq!(
             v.missed(share, s(1), max),
             Miss::Busy {
-                share: 0.9,
+                share: Some(0.9),
                 for_: Duration::ZERO
             }
         );
@@ -249,6 +260,34 @@ mod tests {
         v.answered();
         let share = v.record(busy_at(390), s(5));
         assert!(matches!(v.missed(share, s(5), max), Miss::Busy { for_, .. } if for_.is_zero()));
+    }
+
+    #[test]
+    fn a_module_waiting_for_the_cpu_is_busy() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let max = Duration::from_secs(60);
+        let mut v = Vitals::default();
+        v.record(busy_at(0), s(0));
+        // No CPU got, no wait ended, but runnable at the look: starved.
+        let starved = busy_at(1).map(|u| Usage {
+            runnable: true,
+            ..u
+        });
+        let share = v.record(starved, s(1));
+        assert_eq!(share, Some(0.01));
+        assert!(matches!(v.missed(share, s(1), max), Miss::Busy { for_, .. } if for_.is_zero()));
+        // The same, asleep: hung.
+        let share = v.record(busy_at(2), s(2));
+        assert_eq!(v.missed(share, s(2), max), Miss::Hung);
+        // Runnable but stopped cannot be; stopped wins.
+        let both = starved.map(|u| Usage {
+            stopped: true,
+            cpu_ticks: 3,
+            ..u
+        });
+        let share = v.record(both, s(3));
+        assert_eq!(v.missed(share, s(3), max), Miss::Hung);
     }
 
     #[test]
@@ -287,12 +326,27 @@ mod tests {
         assert_eq!(share, Some(0.95));
         assert!(matches!(v.missed(share, s(2), max), Miss::Busy { for_, .. } if for_.is_zero()));
         assert_eq!(v.rss_bytes(), Some(0));
-        // Another look too slow does not end the busy run it interrupts.
+        // Another look too slow continues the busy run it interrupts; the
+        // miss is not a failure.
         let share = v.record(None, s(3));
-        assert_eq!(v.missed(share, s(3), max), Miss::Hung);
+        assert_eq!(
+            v.missed(share, s(3), max),
+            Miss::Busy {
+                share: None,
+                for_: Duration::from_secs(1)
+            }
+        );
         let share = v.record(busy_at(390), s(4));
         assert!(
             matches!(v.missed(share, s(4), max), Miss::Busy { for_, .. } if for_ == Duration::from_secs(2))
+        );
+        // Looks never taken do not keep it busy past busy_max.
+        let share = v.record(None, s(62));
+        assert_eq!(
+            v.missed(share, s(62), max),
+            Miss::BusyTooLong {
+                for_: Duration::from_secs(60)
+            }
         );
     }
 

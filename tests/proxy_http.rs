@@ -529,7 +529,7 @@ async fn a_stalled_request_body_is_cut_after_the_body_timeout() {
     })
     .await;
     assert!(released.is_some(), "the module's request was not cancelled");
-    let log = d.log();
+    let log = d.logged(BODY_TIMEOUT_LINE).await;
     assert_eq!(log.matches(BODY_TIMEOUT_LINE).count(), 1, "{log}");
     assert!(!log.lines().any(|l| l.contains("WARN")), "{log}");
 }

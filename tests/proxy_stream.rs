@@ -166,7 +166,7 @@ async fn client_that_stops_reading_is_cut_after_the_send_timeout() {
                 .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
         "the client's connection did not end: {ended:?}"
     );
-    let log = d.log();
+    let log = d.logged(SEND_TIMEOUT_LINE).await;
     assert_eq!(
         log.matches(SEND_TIMEOUT_LINE).count(),
         1,

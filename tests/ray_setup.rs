@@ -156,11 +156,8 @@ async fn an_unhosted_ray_leaves_no_zygote_behind() {
         modules.iter().all(|m| m["name"] != "RayZygote"),
         "{modules:#?}"
     );
-    assert!(
-        d.log().contains("cannot be hosted") && d.log().contains("no token for you"),
-        "{}",
-        d.log()
-    );
+    d.logged("cannot be hosted").await;
+    d.logged("no token for you").await;
 }
 
 /// A fake Python for the discovery tests: it answers ray-dashd's question

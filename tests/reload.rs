@@ -170,7 +170,7 @@ async fn sighup_stops_removed_modules_after_their_requests() {
         .map(|m| m["name"].as_str().expect("name"))
         .collect();
     assert_eq!(listed, ["a"]);
-    assert!(d.log().contains("config reloaded"), "{}", d.log());
+    d.logged("config reloaded").await;
 }
 
 /// A module whose settings changed is started again with them, in a new

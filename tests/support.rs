@@ -328,7 +328,10 @@ impl DashdBuilder {
         let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
         let mut stall = self.stall_stderr.then_some(resume_rx);
         let sink = Arc::clone(&log);
+        let (read_tx, read_rx) = std::sync::mpsc::channel::<()>();
         std::thread::spawn(move || {
+            // Dropped when stderr ends: the log is whole.
+            let _read = read_tx;
             let mut addr_tx = Some(addr_tx);
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
@@ -368,6 +371,7 @@ impl DashdBuilder {
             addr,
             session,
             log,
+            log_read: Some(read_rx),
             resume_stderr: Some(resume_tx),
             tmp,
             token,
@@ -392,6 +396,8 @@ pub struct Dashd {
     addr: SocketAddr,
     session: PathBuf,
     log: Arc<Mutex<String>>,
+    /// Disconnected once the whole of its stderr has been read.
+    log_read: Option<std::sync::mpsc::Receiver<()>>,
     /// Dropped to resume reading a stalled stderr.
     resume_stderr: Option<std::sync::mpsc::Sender<()>>,
     #[allow(dead_code)]
@@ -475,6 +481,18 @@ impl Dashd {
         self.log.lock().expect("log lock").clone()
     }
 
+    /// The log once it holds `needle`, waited for within [`WAIT`]: ray-dashd
+    /// writes its log off the serving thread, so a line can come a moment
+    /// after what it tells of. Panics with the log when it does not come.
+    pub async fn logged(&self, needle: &str) -> String {
+        eventually(WAIT, || async {
+            let log = self.log();
+            log.contains(needle).then_some(log)
+        })
+        .await
+        .unwrap_or_else(|| panic!("{needle:?} never logged; log:\n{}", self.log()))
+    }
+
     /// `GET /api/modules/<name>`.
     pub async fn module(&self, name: &str) -> Value {
         self.client()
@@ -542,6 +560,10 @@ impl Dashd {
         loop {
             if let Some(status) = child.try_wait().expect("try_wait") {
                 self.child = None;
+                // What it wrote last may still be on its way through the pipe.
+                if let Some(read) = self.log_read.take() {
+                    let _ = read.recv_timeout(LOG_DRAIN);
+                }
                 return status;
             }
             assert!(
@@ -553,6 +575,9 @@ impl Dashd {
         }
     }
 }
+
+/// How long an exited ray-dashd's last log lines may take to be read.
+const LOG_DRAIN: Duration = Duration::from_secs(5);
 
 /// How many of ray-dashd's last log lines a failing test prints.
 const LOG_TAIL_LINES: usize = 80;

@@ -472,7 +472,7 @@ DIRTY=$(cd "$ROOT" && git status --porcelain --untracked-files=no 2>/dev/null | 
     echo "- machine: nproc $(nproc), $MODEL, Linux $(uname -r); host CPU ${BUSY_BEFORE}% busy in the second before the run"
     echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV$DIRTY ($DASHD_BIN)${DASHD_TOML:+; extra config: $(tr '\n' ' ' <<<"$DASHD_TOML")}${DASHD_ENV:+; extra environment: $DASHD_ENV}"
     ((${#RETRIED[@]} == 0)) || echo "- launched a second time for the answers or the walk, the first not ready within ${TIMEOUT} s: ${RETRIED[*]} (see its log)"
-    echo "- load, per dashboard, one after the other ($ORDER): ${DURATION} s; each mix path polled by $((CLIENTS + 1)) clients (Ray's release test's one + $CLIENTS), each once a second at most (the next poll when the answer is in and the second is over; timeout ${MIX_TIMEOUT} s), probes once a second (timeout ${PROBE_TIMEOUT} s, new connection each); Accept-Encoding: ${ACCEPT_ENCODING:-none}"
+    echo "- load, per dashboard, one after the other ($ORDER): ${DURATION} s; each mix path polled by $((CLIENTS + 1)) clients (Ray's release test's one + $CLIENTS), each once a second at most (the next poll when the answer is in and the second is over; timeout ${MIX_TIMEOUT} s), probes once a second (timeout ${PROBE_TIMEOUT} s, new connection each, on a thread of their own at nice -10 when run as root: a prober is not among the head's processes); Accept-Encoding: ${ACCEPT_ENCODING:-none}"
     echo
     "$PY" - "$RAW" "$ORDER" <<'EOF'
 import json, sys
@@ -543,7 +543,8 @@ for s, name in (("ray", "Ray's dashboard"), ("dashd", "ray-dashd")):
                      + (f"; load tool CPU {ld['loadgen_cpu_s']:.1f} s" if ld else "")
                      + (f"; vCPU steal during the load {sl['steal_s']:.2f} s" if sl else "")
                      + (f"; ERROR lines / tracebacks in the dashboard modules' logs meanwhile: {le['error_lines']}" if le else "")
-                     + (f"; slowest probes: {slow}" if slow else ""))
+                     + (f"; slowest probes: {slow}" if slow else "")
+                     + (f" (the probes' own thread at nice {ld['probe_nice']})" if ld and ld.get("probe_nice") is not None else ""))
     if cpu:
         around = cpu["around"]
         extra.append(f"  - the machine during {name}'s load: all CPUs busy {cpu['all_cpus_busy_share'] * 100:.0f}% of the time; CPU by program: "

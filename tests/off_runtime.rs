@@ -6,9 +6,10 @@
 
 use std::time::Duration;
 
+use ray_dashd_contract::proc;
 use serde_json::Value;
 
-use crate::support::{client, dashd, eventually, test_module, Dashd, WAIT};
+use crate::support::{client, dashd, eventually, process_gone, test_module, Dashd, WAIT};
 
 /// How long a fault holds its thread: longer than any bound below, so a
 /// runtime it held would fail them.
@@ -82,6 +83,8 @@ async fn a_stuck_cgroup_removal_holds_up_no_request() {
         .start();
     let module = d.healthy("tm", 0).await;
     d.healthy("other", 0).await;
+    let warden = warden_of(d.pid())
+        .unwrap_or_else(|| panic!("the host started no cgroup warden; log:\n{}", d.log()));
     let pid = module["pid"].as_u64().expect("pid");
     let cgroup = module_cgroup(pid as u32).unwrap_or_else(|| {
         panic!(
@@ -101,6 +104,21 @@ async fn a_stuck_cgroup_removal_holds_up_no_request() {
         "the fault was not in force: {} was removed",
         cgroup.display()
     );
+    // The warden ends soon after the host: the host's faults are not its.
+    drop(d);
+    let ended = eventually(WAIT, || async { process_gone(warden).then_some(()) }).await;
+    assert!(
+        ended.is_some(),
+        "the cgroup warden {warden} outlived the host"
+    );
+}
+
+/// The pid of the cgroup warden that host `host` started.
+fn warden_of(host: u32) -> Option<u32> {
+    proc::pids().ok()?.find(|&pid| {
+        proc::stat(pid).is_ok_and(|s| s.ppid == host)
+            && proc::cmdline(pid).is_ok_and(|args| args.iter().any(|a| a == "--cgroup-warden"))
+    })
 }
 
 /// The cgroup v2 folder of process `pid`, if it is in one below the root

@@ -397,11 +397,14 @@ fn unescape(field: &str) -> String {
 
 /// Starts the warden for `base`: this same executable, with
 /// [`WARDEN_FLAG`], in a process group of its own (a signal to the host's
-/// group leaves it alone), reading a pipe that only the host writes.
+/// group leaves it alone), reading a pipe that only the host writes. The
+/// faults set for the host (`FAILPOINTS`, see `fault`) are the host's: a
+/// warden that kept one would carry it past the host's end.
 fn start_warden(base: &Path) -> io::Result<Child> {
     Command::new("/proc/self/exe")
         .arg(WARDEN_FLAG)
         .arg(base)
+        .env_remove("FAILPOINTS")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

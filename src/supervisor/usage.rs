@@ -143,10 +143,10 @@ fn ticks_per_sec() -> u64 {
 pub(crate) enum Miss {
     /// Its processes used this share of a CPU since the last sample (or
     /// were runnable at it), and none is stopped: it is working, its loop
-    /// blocked. It has been so
-    /// since `for_` ago; not a failure until `busy_max`. No share: the
-    /// look with this miss was not taken in time, and the busy run it
-    /// interrupts goes on (a run starts only with a share).
+    /// blocked. It has been so since `for_` ago; not a failure until
+    /// `busy_max`. No share: the look with this miss was not taken in
+    /// time, and the busy run it interrupts goes on (a run starts only
+    /// with a share).
     Busy { share: Option<f64>, for_: Duration },
     /// Busy, but for longer than `busy_max`: a loop that never ends.
     BusyTooLong { for_: Duration },
@@ -280,7 +280,7 @@ mod tests {
         // The same, asleep: hung.
         let share = v.record(busy_at(2), s(2));
         assert_eq!(v.missed(share, s(2), max), Miss::Hung);
-        // Runnable but stopped cannot be; stopped wins.
+        // One of its processes runnable and another stopped: stopped wins.
         let both = starved.map(|u| Usage {
             stopped: true,
             cpu_ticks: 3,

@@ -5,6 +5,7 @@
 //! What needs a real process (signals, process groups, the contract's
 //! environment) stays in `tests/supervisor.rs`.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -184,10 +185,12 @@ async fn replaces_module_whose_health_check_hangs() {
 }
 
 /// Runs a module whose health checks hang from 1.5 s on while its
-/// processes use a CPU as `cpu` says, with `busy_max` 20 s. Returns its
-/// report 10 s after it was first seen busy, the reason it was replaced
-/// with, and how long after its spawn it was stopped.
-async fn busy_until_replaced(cpu: Cpu) -> (ModuleReport, String, Duration) {
+/// processes use a CPU as `cpu` says, with `busy_max` 20 s, and checks what
+/// every such run shows: 10 s after it was first seen busy, its first
+/// incarnation is still reported busy with no failed check; it is then
+/// replaced for being busy past `busy_max`, `within` its spawn. Returns
+/// that report and the reason it was replaced with.
+async fn replaced_by_busy_max(cpu: Cpu, within: Range<Duration>) -> (ModuleReport, String) {
     let fake = FakeSpawner::new(move |n| match n {
         0 => Plan::healthy()
             .using(cpu)
@@ -212,7 +215,15 @@ async fn busy_until_replaced(cpu: Cpu) -> (ModuleReport, String, Duration) {
         stopped - r.spawns[0].1
     });
     m.stop().await;
-    (report, error, stopped_after)
+    assert_eq!(report.incarnation, Some(0), "{report:?}");
+    assert_eq!(report.failed_checks, 0, "{report:?}");
+    assert!(report.busy_since_ms.is_some(), "{report:?}");
+    assert!(
+        error.starts_with("busy for 2") && error.contains("(busy_max_secs 20)"),
+        "{error}"
+    );
+    assert!(within.contains(&stopped_after), "{stopped_after:?}");
+    (report, error)
 }
 
 /// A module whose health checks go unanswered while its processes use a
@@ -220,11 +231,9 @@ async fn busy_until_replaced(cpu: Cpu) -> (ModuleReport, String, Duration) {
 /// it is kept, for as long as `busy_max` allows, and says so.
 #[tokio::test(start_paused = true)]
 async fn a_busy_module_is_kept_until_busy_max() {
-    let (report, error, after) = busy_until_replaced(Cpu::Busy).await;
+    let within = Duration::from_secs(22)..Duration::from_secs(24);
+    let (report, error) = replaced_by_busy_max(Cpu::Busy, within).await;
     assert_eq!(report.state, ModuleState::Healthy, "{report:?}");
-    assert_eq!(report.incarnation, Some(0));
-    assert_eq!(report.failed_checks, 0);
-    assert!(report.busy_since_ms.is_some(), "{report:?}");
     assert!(
         report.events.iter().any(|e| e.kind == "busy"),
         "{:?}",
@@ -235,8 +244,6 @@ async fn a_busy_module_is_kept_until_busy_max() {
         error.starts_with("busy for 20s without answering its health check (busy_max_secs 20)"),
         "{error}"
     );
-    assert!(after >= Duration::from_secs(22), "{after:?}");
-    assert!(after < Duration::from_secs(24), "{after:?}");
 }
 
 /// A busy module on a machine so crowded that every look at its processes
@@ -244,31 +251,17 @@ async fn a_busy_module_is_kept_until_busy_max() {
 /// every miss is judged busy, none failed, and `busy_max` ends the run.
 #[tokio::test(start_paused = true)]
 async fn a_busy_module_seen_slowly_is_kept_until_busy_max() {
-    let (report, error, after) = busy_until_replaced(Cpu::BusySlowLooks).await;
-    assert_eq!(report.incarnation, Some(0), "{report:?}");
-    assert_eq!(report.failed_checks, 0, "{report:?}");
-    assert!(report.busy_since_ms.is_some(), "{report:?}");
-    assert!(
-        error.starts_with("busy for 2") && error.contains("(busy_max_secs 20)"),
-        "{error}"
-    );
-    assert!(after >= Duration::from_secs(21), "{after:?}");
-    assert!(after < Duration::from_secs(26), "{after:?}");
+    let within = Duration::from_secs(21)..Duration::from_secs(26);
+    replaced_by_busy_max(Cpu::BusySlowLooks, within).await;
 }
 
 /// A busy module starved of the CPU by others: its share reads 0, but its
 /// main thread is runnable at every look, so it is busy, not hung.
 #[tokio::test(start_paused = true)]
 async fn a_busy_module_waiting_for_the_cpu_is_kept_until_busy_max() {
-    let (report, error, after) = busy_until_replaced(Cpu::Starved).await;
-    assert_eq!(report.failed_checks, 0, "{report:?}");
-    assert!(report.busy_since_ms.is_some(), "{report:?}");
-    assert!(
-        error.starts_with("busy for 20s without answering its health check (busy_max_secs 20)"),
-        "{error}"
-    );
-    assert!(after >= Duration::from_secs(22), "{after:?}");
-    assert!(after < Duration::from_secs(24), "{after:?}");
+    let within = Duration::from_secs(22)..Duration::from_secs(24);
+    let (_, error) = replaced_by_busy_max(Cpu::Starved, within).await;
+    assert!(error.starts_with("busy for 20s "), "{error}");
 }
 
 /// A busy module whose every other look never ends: the first miss, before
@@ -277,15 +270,8 @@ async fn a_busy_module_waiting_for_the_cpu_is_kept_until_busy_max() {
 /// still ends it.
 #[tokio::test(start_paused = true)]
 async fn a_busy_module_seen_every_other_check_is_kept_until_busy_max() {
-    let (report, error, after) = busy_until_replaced(Cpu::BusyLostLooks).await;
-    assert_eq!(report.incarnation, Some(0), "{report:?}");
-    assert_eq!(report.failed_checks, 0, "{report:?}");
-    assert!(
-        error.starts_with("busy for 2") && error.contains("(busy_max_secs 20)"),
-        "{error}"
-    );
-    assert!(after >= Duration::from_secs(21), "{after:?}");
-    assert!(after < Duration::from_secs(28), "{after:?}");
+    let within = Duration::from_secs(21)..Duration::from_secs(28);
+    replaced_by_busy_max(Cpu::BusyLostLooks, within).await;
 }
 
 /// A stopped module (SIGSTOP) that used CPU before it stopped is hung, not

@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 use super::health::check_health;
 use super::spawn::{log_name, tail, Incarnation, Processes, Spawner};
 use super::state::{Gate, ModuleState};
-use super::usage::{Miss, Usage, Vitals, BUSY_CPU_SHARE};
+use super::usage::{busy_doing, Miss, Usage, Vitals};
 use super::ModuleShared;
 use crate::config::Supervision;
 use crate::connection::ModulePool;
@@ -344,11 +344,7 @@ impl<S: Spawner> ModuleTask<S> {
                         failed_checks = 0;
                         if let (true, Some(share)) = (for_.is_zero(), share) {
                             let cpu = (share * 100.0).round();
-                            let doing = if share >= BUSY_CPU_SHARE {
-                                format!("using {cpu}% of a CPU")
-                            } else {
-                                "waiting for a CPU".to_owned()
-                            };
+                            let doing = busy_doing(share);
                             info!(incarnation, pid, cpu_percent = cpu, reason = %reason, "module busy: its health check went unanswered while it is {doing}");
                             shared.update(|s| {
                                 s.busy_since = Some(SystemTime::now());

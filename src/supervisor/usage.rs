@@ -154,6 +154,17 @@ pub(crate) enum Miss {
     Hung,
 }
 
+/// What a module judged busy with `share` of a CPU was doing, for people:
+/// using the CPU, or (below [`BUSY_CPU_SHARE`], judged busy because it was
+/// runnable) waiting for one.
+pub(crate) fn busy_doing(share: f64) -> String {
+    if share >= BUSY_CPU_SHARE {
+        format!("using {}% of a CPU", (share * 100.0).round())
+    } else {
+        "waiting for a CPU".to_owned()
+    }
+}
+
 /// The samples of one incarnation, and how long it has been busy.
 #[derive(Debug, Default)]
 pub(crate) struct Vitals {

@@ -434,7 +434,10 @@ fi
 # --- Ray's web UI, walked side by side ----------------------------------------------------
 # Ray's dashboard on its port and ray-dashd on a port of the block, both up at
 # once on the same cluster: tests/ui/ray_walk.mjs opens every page of Ray's
-# web UI on both in headless Chromium and compares what they show.
+# web UI on both in headless Chromium and compares what they show. Ray's gets
+# a session folder of its own (same name, its logs still in the head's):
+# both put their modules' sockets at <session>/sockets/dash_<Module>, and on
+# one folder the one started last would answer for both.
 WALK="" WALK_STATUS=""
 if [[ " $ORDER " == *" ray "* && " $ORDER " == *" dashd "* && "${BENCH_UI_WALK:-1}" == 1 ]]; then
     chromium=${RAY_DASHD_CHROMIUM:-/usr/bin/chromium}
@@ -442,7 +445,16 @@ if [[ " $ORDER " == *" ray "* && " $ORDER " == *" dashd "* && "${BENCH_UI_WALK:-
         WALK_STATUS="not run: it needs node, $chromium and tests/ui/node_modules (scripts/test sets them up; or npm ci --prefix tests/ui)"
         log "UI walk $WALK_STATUS"
     else
+        shared_argv=("${RAY_DASH_ARGV[@]}")
+        for i in "${!RAY_DASH_ARGV[@]}"; do
+            if [[ ${RAY_DASH_ARGV[$i]} == --session-dir=* ]]; then
+                own=$TMP/ray-own-session/$(basename "${RAY_DASH_ARGV[$i]#--session-dir=}")
+                mkdir -p "$own"
+                RAY_DASH_ARGV[i]=--session-dir=$own
+            fi
+        done
         start_idle ray
+        RAY_DASH_ARGV=("${shared_argv[@]}")
         WALK_RAY_PID=$DASH_PID
         DASHD_PORT=$((BASE + 20))
         start_idle dashd

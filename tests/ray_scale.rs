@@ -2,16 +2,17 @@
 //! (the tool `bench/ray_scale.sh` runs at 2,000 nodes): 200 nodes
 //! registered in a real Ray 2.60.0 head's GCS (kept alive by the bench's
 //! fake raylets), 1,000 actors that can never be placed, 5,000 finished
-//! tasks and 50 finished jobs. Ray's own dashboard and ray-dashd hosting
+//! tasks and 50 finished jobs. Ray's own dashboard (started again once the
+//! cluster is built, with a sockets folder of its own) and ray-dashd hosting
 //! the same modules answer Ray's release-test routes side by side, asked at
 //! once, and the two sets are compared after parsing
 //! (`bench/compare_answers.py`, the fields that change by themselves left
-//! out) until they are the same: a cluster this size takes a while to
-//! settle. Ray's web UI is then walked page by page in a browser on both
-//! (`tests/ui/ray_walk.mjs`) and must show the same. ray-dashd shares
-//! those answers and holds Ray's modules to the `[ray]` memory budget.
+//! out) until they are the same. Ray's web UI is then walked page by page in
+//! a browser on both (`tests/ui/ray_walk.mjs`) and must show the same.
+//! ray-dashd shares those answers and holds Ray's modules to the `[ray]`
+//! memory budget.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -123,6 +124,38 @@ fn walk_ray_ui(reference: &str, candidate: &str) -> (bool, String) {
     run_script(command)
 }
 
+/// Saves `paths`' answers at `base` into a new folder under `dir` named
+/// after `tag` and the round; the folder.
+fn save_answers(python: &Path, dir: &Path, tag: &str, base: &str, paths: &[&str]) -> PathBuf {
+    static ROUND: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let round = ROUND.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let saved = dir.join(format!("{tag}.{round}"));
+    let saved_arg = saved.display().to_string();
+    let mut args = vec!["--save", saved_arg.as_str(), base];
+    args.extend(paths.iter().copied());
+    let (ok, out) = compare_answers(python, &args);
+    assert!(ok, "saving the answers of {base}: {out}");
+    saved
+}
+
+/// Whether two saved sets of `paths`' answers are the same; the report.
+fn same_answers(python: &Path, a: &Path, b: &Path, paths: &[&str]) -> (bool, String) {
+    let (a, b) = (a.display().to_string(), b.display().to_string());
+    let (same, out) = compare_answers(python, &["--dirs", &a, &b]);
+    (same && out.matches("same").count() == paths.len(), out)
+}
+
+/// Waits until the dashboard at `base` answers every path and lists every
+/// actor.
+async fn ready(base: &str) {
+    answering(base).await;
+    let all = eventually(RAY_WAIT, || async {
+        (actors_listed(base).await? >= ACTORS).then_some(())
+    })
+    .await;
+    assert!(all.is_some(), "{base} never listed {ACTORS} actors");
+}
+
 /// Runs `command` within [`RAY_WAIT`]: whether it exited 0, and its
 /// stdout and stderr.
 fn run_script(command: Command) -> (bool, String) {
@@ -161,8 +194,15 @@ async fn a_synthetic_big_cluster_is_answered_as_rays_own_dashboard_answers() {
     let python = ray_python();
     let ray_port = free_port();
     let head = RayHead::start_with_dashboard(&python, ray_port);
+    // Ray's dashboard reads the GCS's actor table once, when it starts, and
+    // then follows what the GCS publishes: one that was up while the actors
+    // were made listed a pending actor's node as nil for minutes after one
+    // started later listed the head's, which the table holds. It is stopped
+    // while the cluster is built and started again after, as ray-dashd is.
+    let rays_dashboard = head.stop_rays_dashboard();
     let scratch = tempfile::tempdir().expect("tempdir");
-    let (_synth, summary) = synthesize(&head, &python, scratch.path());
+    let dir = scratch.path();
+    let (_synth, summary) = synthesize(&head, &python, dir);
     assert_eq!(summary["nodes_alive"], NODES, "{summary}");
     let head_node = summary["head_node_id"]
         .as_str()
@@ -172,42 +212,26 @@ async fn a_synthetic_big_cluster_is_answered_as_rays_own_dashboard_answers() {
     let mut paths: Vec<&str> = PATHS.to_vec();
     paths.push(&logs);
 
-    // Ray's own dashboard and ray-dashd side by side on the same GCS,
-    // each once it lists every actor.
+    // Ray's own dashboard (a sockets folder of its own) and ray-dashd
+    // hosting the same modules, side by side, each once it lists every
+    // actor.
     let ray_base = format!("http://127.0.0.1:{ray_port}");
+    let _ray = rays_dashboard.start(&dir.join("ray-dashboard.log"), dir);
     let d = hosting(&head, &python, 0, "memory_budget_mib = 4096\n").start();
     all_ray_modules_healthy(&d).await;
     let dashd_base = d.url("").trim_end_matches('/').to_owned();
     for base in [&ray_base, &dashd_base] {
-        answering(base).await;
-        let all = eventually(RAY_WAIT, || async {
-            (actors_listed(base).await? >= ACTORS).then_some(())
-        })
-        .await;
-        assert!(
-            all.is_some(),
-            "{base} never listed {ACTORS} actors\n{}",
-            d.log()
-        );
+        ready(base).await;
     }
-    // The cluster settles for a while (pending actors reach a raylet, the
-    // autoscaler's report catches up, the head's agent reports): both are
-    // asked at once, again, until they answer the same.
+    // The two are asked at once, again, until they answer the same (the
+    // head's agent reports to a dashboard just started within seconds).
     let last = std::sync::Mutex::new(String::new());
     let same = eventually(RAY_WAIT, || async {
-        let round = scratch
-            .path()
-            .join(format!("{}", Instant::now().elapsed().as_nanos()));
-        let dirs = [round.join("ray"), round.join("dashd")].map(|d| d.display().to_string());
-        for (dir, base) in dirs.iter().zip([&ray_base, &dashd_base]) {
-            let mut args = vec!["--save", dir.as_str(), base.as_str()];
-            args.extend(paths.iter().copied());
-            let (saved, out) = compare_answers(&python, &args);
-            assert!(saved, "saving the answers of {base}: {out}");
-        }
-        let (same, out) = compare_answers(&python, &["--dirs", &dirs[0], &dirs[1]]);
-        *last.lock().expect("last") = out.clone();
-        (same && out.matches("same").count() == paths.len()).then_some(out)
+        let ray = save_answers(&python, dir, "ray", &ray_base, &paths);
+        let dashd = save_answers(&python, dir, "dashd", &dashd_base, &paths);
+        let (same, out) = same_answers(&python, &ray, &dashd, &paths);
+        *last.lock().expect("last") = out;
+        same.then_some(())
     })
     .await;
     assert!(

@@ -5,8 +5,10 @@
 //! hosting its modules ([`hosting`]), Ray's CLI and drivers bounded by
 //! [`RAY_WAIT`], and the waits the tests against Ray share.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
+use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -15,7 +17,7 @@ use nix::sys::signal::Signal;
 use ray_dashd_contract::proc;
 use serde_json::Value;
 
-use crate::support::{dashd, eventually, kill, Dashd, DashdBuilder};
+use crate::support::{dashd, eventually, kill, process_gone, Dashd, DashdBuilder};
 
 /// Ray's nine default subprocess modules (the same in 2.45 through 2.60).
 pub const RAY_MODULES: [&str; 9] = [
@@ -279,6 +281,156 @@ impl RayHead {
         let _ = child.kill();
         let _ = child.wait();
     }
+
+    /// Stops Ray's own dashboard of this head (a head started with
+    /// [`RayHead::start_with_dashboard`]) and every process below it, and
+    /// says how it was started, to start it again later
+    /// ([`RayDashboardLaunch::start`]). `ray start --block` lets it go: it
+    /// ends on SIGTERM.
+    pub fn stop_rays_dashboard(&self) -> RayDashboardLaunch {
+        let found: Vec<u32> = pids_mentioning(self.temp.path())
+            .into_iter()
+            .filter_map(|pid| u32::try_from(pid).ok())
+            .filter(|&pid| {
+                proc::cmdline(pid)
+                    .is_ok_and(|args| args.iter().any(|a| a.ends_with("dashboard/dashboard.py")))
+            })
+            .collect();
+        let [pid] = found[..] else {
+            panic!("not one dashboard.py below the head: {found:?}");
+        };
+        let read = |file: &str| {
+            std::fs::read(format!("/proc/{pid}/{file}"))
+                .unwrap_or_else(|e| panic!("/proc/{pid}/{file}: {e}"))
+        };
+        let words = |bytes: Vec<u8>| -> Vec<OsString> {
+            bytes
+                .split(|&b| b == 0)
+                .filter(|w| !w.is_empty())
+                .map(|w| OsString::from_vec(w.to_vec()))
+                .collect()
+        };
+        let launch = RayDashboardLaunch {
+            argv: words(read("cmdline")),
+            env: words(read("environ"))
+                .into_iter()
+                .filter_map(|pair| {
+                    let bytes = pair.into_vec();
+                    let at = bytes.iter().position(|&b| b == b'=')?;
+                    Some((
+                        OsString::from_vec(bytes[..at].to_vec()),
+                        OsString::from_vec(bytes[at + 1..].to_vec()),
+                    ))
+                })
+                .collect(),
+            cwd: std::fs::read_link(format!("/proc/{pid}/cwd")).expect("dashboard's cwd"),
+            group: self.child.as_ref().expect("a running head").id() as i32,
+        };
+        stop_tree(pid);
+        launch
+    }
+}
+
+/// How `ray start` started its dashboard: its command line, environment
+/// and folder, and the head's process group.
+#[derive(Debug)]
+pub struct RayDashboardLaunch {
+    argv: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    cwd: PathBuf,
+    group: i32,
+}
+
+impl RayDashboardLaunch {
+    /// Starts Ray's dashboard again as it was started, in the head's process
+    /// group, writing to `log`, but with a session folder of its own under
+    /// `dir` (of the same name; its logs still go to the head's): Ray's
+    /// dashboard and ray-dashd both put their modules' sockets at
+    /// `<session>/sockets/dash_<Module>`, and on one session folder the one
+    /// started last would answer for both. It ends with the head, or when
+    /// the result is dropped.
+    pub fn start(&self, log: &Path, dir: &Path) -> RayDashboard {
+        let log = std::fs::File::create(log).expect("the dashboard's log");
+        let args: Vec<OsString> = self.argv[1..]
+            .iter()
+            .map(|arg| {
+                let Some(session) = arg.to_str().and_then(|a| a.strip_prefix("--session-dir="))
+                else {
+                    return arg.clone();
+                };
+                let own = dir.join(Path::new(session).file_name().expect("a session name"));
+                std::fs::create_dir_all(&own).expect("the dashboard's session folder");
+                format!("--session-dir={}", own.display()).into()
+            })
+            .collect();
+        assert!(
+            args != self.argv[1..],
+            "no --session-dir= in Ray's dashboard's command line: {:?}",
+            self.argv
+        );
+        let mut command = Command::new(&self.argv[0]);
+        command
+            .args(&args)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&self.cwd)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        std::os::unix::process::CommandExt::process_group(&mut command, self.group);
+        RayDashboard(command.spawn().expect("Ray's dashboard"))
+    }
+}
+
+/// Ray's dashboard started again ([`RayDashboardLaunch::start`]); killed
+/// by pid on drop (its modules end with it, or with the head's group).
+#[derive(Debug)]
+pub struct RayDashboard(Child);
+
+impl Drop for RayDashboard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sends SIGTERM to `pid` and waits, within [`RAY_WAIT`], until it and
+/// every process that was below it have ended (a zombie counts as ended:
+/// its parent reaps it).
+fn stop_tree(pid: u32) {
+    let tree = descendants(pid);
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGTERM);
+    let deadline = Instant::now() + RAY_WAIT;
+    while tree.iter().any(|&p| !process_gone(p)) {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} and those below it {tree:?} did not end within {RAY_WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `pid` and the processes below it, found by their parents.
+fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = proc::pids()
+        .map(|pids| {
+            pids.filter_map(|p| proc::stat(p).ok().map(|st| (p, st.ppid)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    tree
 }
 
 impl Drop for RayHead {

@@ -3,10 +3,12 @@
 // ray-dashd hosting Ray's modules. Each page is opened on both, left until
 // its requests have settled, and compared: the text it shows (with what
 // changes by itself between two renders masked: clocks, durations, usage
-// figures), the API requests it made and how each was answered, and the
-// errors it logged. A page whose text differs is snapshot again, both
+// figures, the order of a JSON object's keys), the API requests it made
+// and how each was answered, and the errors it logged. A page whose text differs is snapshot again, both
 // sides, until the two agree or the rounds run out (the cluster moves on
-// between the two reads).
+// between the two reads). The two must not share a session folder: both
+// put their modules' sockets at `<session>/sockets/dash_<Module>`, and the
+// one that binds last answers for both.
 //
 //   node tests/ui/ray_walk.mjs [--shots DIR] [--token T] [--settle-ms N]
 //        [--page-timeout-ms N] [--rounds N] REFERENCE_BASE CANDIDATE_BASE
@@ -64,10 +66,28 @@ const VOLATILE = [
   [/\b\d+\.\d+\/\d+\.\d+\/\d+\.\d+\b/g, "<load>"],
 ];
 
+// A JSON object shown as a line (an actor's resources) lists its keys in
+// the order its process's protobuf map gave them, which differs between
+// two processes: its keys are sorted.
+function sortedKeys(value) {
+  if (Array.isArray(value)) return value.map(sortedKeys);
+  if (value === null || typeof value !== "object") return value;
+  return Object.fromEntries(Object.keys(value).sort().map((k) => [k, sortedKeys(value[k])]));
+}
+
+function jsonLine(line) {
+  if (!line.startsWith("{") || !line.endsWith("}")) return line;
+  try {
+    return JSON.stringify(sortedKeys(JSON.parse(line)));
+  } catch {
+    return line;
+  }
+}
+
 function normalize(text) {
   let out = text;
   for (const [pattern, placeholder] of VOLATILE) out = out.replace(pattern, placeholder);
-  return out.split("\n").map((line) => line.replace(/\s+/g, " ").trim()).filter(Boolean);
+  return out.split("\n").map((line) => jsonLine(line.replace(/\s+/g, " ").trim())).filter(Boolean);
 }
 
 // What a page shows and asks, once its requests have settled.

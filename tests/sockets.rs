@@ -2,7 +2,11 @@
 //! 0777, so anyone can rename `sockets/` and listen on `sockets/dash_<name>`
 //! in a folder of their own: requests, with their `Authorization` headers,
 //! must never reach that listener, and no module may be started there.
+//! And a socket some other process of this user listens on (Ray's own
+//! dashboard names its modules' sockets the same way) is named in the log
+//! before its module takes the path over.
 
+use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,5 +107,48 @@ pub(crate) async fn operator_requests_miss_the_listener(d: &crate::support::Dash
     assert!(
         answers.iter().any(|(status, _)| *status == 502),
         "no request needed a new connection: {answers:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_socket_another_process_listens_on_is_named_then_taken_over() {
+    let session = tempfile::tempdir().expect("tempdir");
+    let sockets = session.path().join("sockets");
+    std::fs::create_dir(&sockets).expect("sockets");
+    std::fs::set_permissions(&sockets, std::fs::Permissions::from_mode(0o700)).expect("0700");
+    // Listening as Ray's own dashboard's module would, in this process.
+    let listener = tokio::net::UnixListener::bind(sockets.join("dash_tm")).expect("bind");
+    let d = dashd()
+        .session_dir(session.path())
+        .module(test_module("tm"))
+        .start();
+    let warned = d
+        .logged("another process listens on the module's socket")
+        .await;
+    let line = warned
+        .lines()
+        .find(|l| l.contains("another process listens"))
+        .expect("the line");
+    assert!(
+        line.contains(&format!("listener_pid={}", std::process::id())),
+        "{line}"
+    );
+    assert!(line.contains("dash_tm"), "{line}");
+    // The module took the path over and serves; the old listener gets
+    // nothing after the probe.
+    d.healthy("tm", 0).await;
+    let answer = client().get(d.url("/test/echo")).send().await.expect("GET");
+    assert_eq!(answer.status(), 200);
+    let (mut probe, _) = listener.accept().await.expect("the probe");
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        probe.read(&mut byte).await.expect("read"),
+        0,
+        "the probe sent bytes"
+    );
+    let more = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+    assert!(
+        more.is_err(),
+        "a second connection reached the old listener"
     );
 }

@@ -8,7 +8,8 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use ray_dashd_contract::Backoff;
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+use ray_dashd_contract::{proc, Backoff};
 use tokio::sync::mpsc;
 // Tokio's clock, not std's: the same in production, and the one the
 // supervisor's tests pause and advance.
@@ -203,11 +204,11 @@ impl<S: Spawner> ModuleTask<S> {
         let (spawned, started_at) = match self.early.take() {
             Some((spawned, started_at)) => (Ok(spawned), started_at),
             None => {
-                let spawned = match self
-                    .session
-                    .check_sockets()
-                    .and_then(|()| remove_stale_socket(socket))
-                {
+                let checked = self.session.check_sockets();
+                if checked.is_ok() {
+                    warn_if_taken(socket).await;
+                }
+                let spawned = match checked.and_then(|()| remove_stale_socket(socket)) {
                     Ok(()) => {
                         self.spawner
                             .spawn(&shared.spec, &self.session, socket, incarnation)
@@ -589,6 +590,43 @@ fn describe(status: &io::Result<ExitStatus>) -> String {
         Ok(status) => status.to_string(),
         Err(e) => format!("wait failed: {e}"),
     }
+}
+
+/// How long the host waits to learn whether anything listens on a module's
+/// socket before the module is started there.
+const TAKEN_PROBE: Duration = Duration::from_millis(200);
+
+/// Warns when a process listens on `path` before its module is started
+/// there. A socket file an earlier run left has no listener; one that
+/// answers belongs to a live process, as a rule Ray's own dashboard (Ray's
+/// full dashboard names its modules' sockets `dash_<Module>` in the same
+/// folder). The module takes the path over, so that process's own parent
+/// then reaches ray-dashd's module instead of its own.
+async fn warn_if_taken(path: &Path) {
+    let connect = tokio::net::UnixStream::connect(path);
+    let Ok(Ok(stream)) = tokio::time::timeout(TAKEN_PROBE, connect).await else {
+        return;
+    };
+    let pid = getsockopt(&stream, PeerCredentials)
+        .ok()
+        .and_then(|creds| u32::try_from(creds.pid()).ok());
+    drop(stream);
+    // `/proc` is read off the runtime.
+    let command = match pid {
+        Some(pid) => tokio::task::spawn_blocking(move || proc::cmdline(pid))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|args| args.join(" ")),
+        None => None,
+    };
+    warn!(
+        socket = %path.display(),
+        listener_pid = %pid.map_or_else(|| "unknown".to_owned(), |pid| pid.to_string()),
+        listener = command.as_deref().unwrap_or("unknown"),
+        "another process listens on the module's socket; the module takes the path over \
+         (is Ray's own dashboard running? start Ray with --include-dashboard=false)"
+    );
 }
 
 /// Removes a socket file left by an earlier run; refuses to remove anything

@@ -5,10 +5,8 @@
 //! hosting its modules ([`hosting`]), Ray's CLI and drivers bounded by
 //! [`RAY_WAIT`], and the waits the tests against Ray share.
 
-use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -288,40 +286,23 @@ impl RayHead {
     /// ([`RayDashboardLaunch::start`]). `ray start --block` lets it go: it
     /// ends on SIGTERM.
     pub fn stop_rays_dashboard(&self) -> RayDashboardLaunch {
-        let found: Vec<u32> = pids_mentioning(self.temp.path())
+        let found: Vec<(i32, Vec<String>)> = pids_mentioning(self.temp.path())
             .into_iter()
-            .filter_map(|pid| u32::try_from(pid).ok())
-            .filter(|&pid| {
-                proc::cmdline(pid)
-                    .is_ok_and(|args| args.iter().any(|a| a.ends_with("dashboard/dashboard.py")))
-            })
+            .filter_map(|pid| Some((pid, proc::cmdline(u32::try_from(pid).ok()?).ok()?)))
+            .filter(|(_, args)| args.iter().any(|a| a.ends_with("dashboard/dashboard.py")))
             .collect();
-        let [pid] = found[..] else {
+        let [(pid, argv)] = &found[..] else {
             panic!("not one dashboard.py below the head: {found:?}");
         };
-        let read = |file: &str| {
-            std::fs::read(format!("/proc/{pid}/{file}"))
-                .unwrap_or_else(|e| panic!("/proc/{pid}/{file}: {e}"))
-        };
-        let words = |bytes: Vec<u8>| -> Vec<OsString> {
-            bytes
-                .split(|&b| b == 0)
-                .filter(|w| !w.is_empty())
-                .map(|w| OsString::from_vec(w.to_vec()))
-                .collect()
-        };
+        let pid = *pid as u32;
+        let environ = std::fs::read(format!("/proc/{pid}/environ"))
+            .unwrap_or_else(|e| panic!("/proc/{pid}/environ: {e}"));
         let launch = RayDashboardLaunch {
-            argv: words(read("cmdline")),
-            env: words(read("environ"))
-                .into_iter()
-                .filter_map(|pair| {
-                    let bytes = pair.into_vec();
-                    let at = bytes.iter().position(|&b| b == b'=')?;
-                    Some((
-                        OsString::from_vec(bytes[..at].to_vec()),
-                        OsString::from_vec(bytes[at + 1..].to_vec()),
-                    ))
-                })
+            argv: argv.clone(),
+            env: String::from_utf8_lossy(&environ)
+                .split('\0')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect(),
             cwd: std::fs::read_link(format!("/proc/{pid}/cwd")).expect("dashboard's cwd"),
             group: self.child.as_ref().expect("a running head").id() as i32,
@@ -335,8 +316,8 @@ impl RayHead {
 /// and folder, and the head's process group.
 #[derive(Debug)]
 pub struct RayDashboardLaunch {
-    argv: Vec<OsString>,
-    env: Vec<(OsString, OsString)>,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
     cwd: PathBuf,
     group: i32,
 }
@@ -351,16 +332,15 @@ impl RayDashboardLaunch {
     /// the result is dropped.
     pub fn start(&self, log: &Path, dir: &Path) -> RayDashboard {
         let log = std::fs::File::create(log).expect("the dashboard's log");
-        let args: Vec<OsString> = self.argv[1..]
+        let args: Vec<String> = self.argv[1..]
             .iter()
             .map(|arg| {
-                let Some(session) = arg.to_str().and_then(|a| a.strip_prefix("--session-dir="))
-                else {
+                let Some(session) = arg.strip_prefix("--session-dir=") else {
                     return arg.clone();
                 };
                 let own = dir.join(Path::new(session).file_name().expect("a session name"));
                 std::fs::create_dir_all(&own).expect("the dashboard's session folder");
-                format!("--session-dir={}", own.display()).into()
+                format!("--session-dir={}", own.display())
             })
             .collect();
         assert!(

@@ -10,6 +10,7 @@ mod peer;
 mod pool;
 
 pub(crate) use module_stream::ModuleStream;
+pub(crate) use peer::listener_pid;
 pub use peer::PeerCheck;
 pub use pool::{ConnectionStats, ModulePool};
 pub(crate) use pool::{Hold, PoolError, PooledBody};

@@ -9,6 +9,8 @@
 
 use std::io;
 use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::Duration;
 
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use nix::unistd::{getpgid, Pid, Uid};
@@ -56,6 +58,17 @@ impl PeerCheck {
     }
 }
 
+/// Who listens on the Unix socket at `path`: `None` when no process
+/// accepts a connection within `within` (a file whose listener is gone
+/// refuses it), else the listener's pid, or why it could not be read. The
+/// connection is closed at once, nothing sent.
+pub(crate) async fn listener_pid(path: &Path, within: Duration) -> Option<io::Result<u32>> {
+    let connect = tokio::net::UnixStream::connect(path);
+    let stream = tokio::time::timeout(within, connect).await.ok()?.ok()?;
+    let creds = getsockopt(&stream, PeerCredentials).map_err(io::Error::from);
+    Some(creds.and_then(|creds| u32::try_from(creds.pid()).map_err(io::Error::other)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +89,21 @@ mod tests {
             .expect_err("not init's group");
         assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
         assert!(err.to_string().contains("process group"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn the_listener_is_named_and_a_left_file_is_not() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let path = tmp.path().join("s");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let within = Duration::from_secs(5);
+        let pid = listener_pid(&path, within).await.expect("a listener");
+        assert_eq!(pid.expect("its pid"), std::process::id());
+        drop(listener);
+        assert!(path.exists(), "the socket file stays");
+        assert!(listener_pid(&path, within).await.is_none());
+        assert!(listener_pid(&tmp.path().join("none"), within)
+            .await
+            .is_none());
     }
 }

@@ -8,7 +8,6 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use ray_dashd_contract::{proc, Backoff};
 use tokio::sync::mpsc;
 // Tokio's clock, not std's: the same in production, and the one the
@@ -23,7 +22,7 @@ use super::state::{Gate, ModuleState};
 use super::usage::{busy_doing, Miss, Usage, Vitals};
 use super::ModuleShared;
 use crate::config::Supervision;
-use crate::connection::ModulePool;
+use crate::connection::{listener_pid, ModulePool};
 use crate::session::Session;
 
 /// The pauses between startup probes: 2 ms first, doubling up to 50 ms. A
@@ -603,14 +602,9 @@ const TAKEN_PROBE: Duration = Duration::from_millis(200);
 /// folder). The module takes the path over, so that process's own parent
 /// then reaches ray-dashd's module instead of its own.
 async fn warn_if_taken(path: &Path) {
-    let connect = tokio::net::UnixStream::connect(path);
-    let Ok(Ok(stream)) = tokio::time::timeout(TAKEN_PROBE, connect).await else {
+    let Some(pid) = listener_pid(path, TAKEN_PROBE).await.map(Result::ok) else {
         return;
     };
-    let pid = getsockopt(&stream, PeerCredentials)
-        .ok()
-        .and_then(|creds| u32::try_from(creds.pid()).ok());
-    drop(stream);
     // `/proc` is read off the runtime.
     let command = match pid {
         Some(pid) => tokio::task::spawn_blocking(move || proc::cmdline(pid))

@@ -311,9 +311,13 @@ async fn websocket_client_that_stops_reading_is_cut_after_the_send_timeout() {
     socket.connect(&d.addr().into()).expect("connect");
     socket.set_nonblocking(true).expect("nonblocking");
     let stream = tokio::net::TcpStream::from_std(socket.into()).expect("tokio stream");
-    let (ws, _) = tokio_tungstenite::client_async(d.ws_url("/test/ws/out?count=100000000"), stream)
-        .await
-        .expect("handshake");
+    // 64 KiB messages: the kernel's buffers (up to 4 MiB for a TCP socket
+    // on loopback) fill in a few dozen, not in seconds of CPU spent on
+    // short ones.
+    let (ws, _) =
+        tokio_tungstenite::client_async(d.ws_url("/test/ws/out?count=100000000&pad=65536"), stream)
+            .await
+            .expect("handshake");
     // Reads nothing from here on.
     let logged = eventually(WAIT, || async {
         d.log()

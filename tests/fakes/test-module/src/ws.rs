@@ -108,20 +108,27 @@ pub(crate) struct OutQuery {
     /// Milliseconds to hold the socket afterwards, reading nothing, before
     /// closing (default 0): a peer that neither answers nor hangs up.
     hold_ms: Option<u64>,
+    /// Bytes of zeros after each binary message's `i` (default 0): a few
+    /// such messages fill the kernel's buffers where millions of short
+    /// ones take seconds of CPU.
+    pad: Option<usize>,
 }
 
-/// `GET /test/ws/out?count=N[&hold_ms=M]`: sends N messages (even `i`: text
-/// `msg-<i>`, odd `i`: binary big-endian `i`), holds the socket M ms without
-/// reading, then closes with 1000 `done`.
+/// `GET /test/ws/out?count=N[&hold_ms=M][&pad=P]`: sends N messages (even
+/// `i`: text `msg-<i>`, odd `i`: binary big-endian `i` then P zero bytes),
+/// holds the socket M ms without reading, then closes with 1000 `done`.
 pub(crate) async fn out(Query(query): Query<OutQuery>, upgrade: WebSocketUpgrade) -> Response {
     let count = query.count.unwrap_or(10);
     let hold = Duration::from_millis(query.hold_ms.unwrap_or(0));
+    let pad = query.pad.unwrap_or(0);
     upgrade.on_upgrade(move |mut socket| async move {
         for i in 0..count {
             let message = if i % 2 == 0 {
                 Message::Text(format!("msg-{i}").into())
             } else {
-                Message::Binary(i.to_be_bytes().to_vec().into())
+                let mut bytes = i.to_be_bytes().to_vec();
+                bytes.resize(bytes.len() + pad, 0);
+                Message::Binary(bytes.into())
             };
             if let Err(e) = socket.send(message).await {
                 tracing::debug!(error = %e, sent = i, "websocket out write failed");

@@ -60,6 +60,8 @@ const VOLATILE = [
   [/\b\d{1,2}\/\d{1,2}\/\d{2,4},? \d{1,2}:\d{2}(:\d{2})?( ?[AP]M)?/g, "<time>"],
   [/\b\d{1,2}:\d{2}:\d{2}( ?[AP]M)?/g, "<time>"],
   [/\b(\d+(\.\d+)?\s*(d|h|m|s|ms|min|mins|hour|hours|day|days|sec|secs|seconds?|minutes?)\s*)+(ago)?\b/g, "<duration>"],
+  // An age under a second is shown in words ("Updated just now").
+  [/\bjust now\b/g, "<duration>"],
   [/\b\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\b/g, "<size>"],
   [/\b\d+(\.\d+)?\s*%/g, "<pct>"],
   [/\b\d+(\.\d+)?\s*(\/s|per second)\b/g, "<rate>"],
@@ -145,7 +147,14 @@ async function snapshot(context, base, route, opts) {
   if (!settled) text = await page.locator("body").innerText();
   if (opts.shots) {
     const stem = path.join(opts.shots, `${route.replace(/[^a-z0-9]+/gi, "_")}-${new URL(base).port}`);
-    await page.screenshot({ path: `${stem}.png`, fullPage: true });
+    // A picture to look at, not a thing compared: one that cannot be taken
+    // (a page of thousands of rows can take Chromium longer than the
+    // screenshot's 30 s) is said on stderr, and the walk goes on.
+    try {
+      await page.screenshot({ path: `${stem}.png`, fullPage: true });
+    } catch (e) {
+      console.error(`${route} on ${base}: no screenshot: ${String(e.message).split("\n")[0]}`);
+    }
     fs.writeFileSync(`${stem}.json`, JSON.stringify({ text: text.split("\n"), requests: Object.fromEntries(requests), errors }, null, 1));
   }
   await page.close();
@@ -161,9 +170,10 @@ function textDiff(a, b) {
 
 function compare(a, b) {
   const problems = [];
-  for (const [side, s] of [["reference", a], ["candidate", b]]) {
-    if (!s.settled) problems.push(`${side} never settled within ${s.ms} ms`);
-  }
+  // A page that keeps polling and never goes quiet on Ray's own dashboard
+  // either (the cluster page of 2,000 nodes) is compared as it stands at
+  // the timeout; the candidate alone never settling is a difference.
+  if (!b.settled && a.settled) problems.push(`candidate never settled within ${b.ms} ms; the reference did in ${a.ms} ms`);
   const { onlyA, onlyB } = textDiff(a.text, b.text);
   if (onlyA.length || onlyB.length) {
     problems.push(`text differs: reference only ${JSON.stringify(onlyA.slice(0, 5))}, ` +
@@ -248,7 +258,8 @@ async function main() {
       }
       const asked = [...b.requests.keys()].length;
       if (problems.length === 0) {
-        console.log(`same\t${route}\t${a.text.length} lines, ${asked} requests, ${a.ms} / ${b.ms} ms`);
+        const unsettled = a.settled && b.settled ? "" : " (compared at the timeout: never quiet)";
+        console.log(`same\t${route}\t${a.text.length} lines, ${asked} requests, ${a.ms} / ${b.ms} ms${unsettled}`);
       } else {
         failed += 1;
         console.log(`DIFFERS\t${route}\t${problems.join("; ")}`);

@@ -228,4 +228,5 @@ async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
     assert_eq!(result["task"], 42, "{result:#}");
     assert_eq!(result["actor"], 2, "{result:#}");
     assert_eq!(result["put_get_equal"], true, "{result:#}");
+    assert_eq!(result["print_seen"], true, "{result:#}");
 }

@@ -625,6 +625,12 @@ pub fn run_driver(head: &RayHead, python: &Path, address: &str, scenario: &str) 
         .unwrap_or_else(|| panic!("{scenario} printed nothing:\n{out}"));
     let mut result: Value =
         serde_json::from_str(last).unwrap_or_else(|_| panic!("{scenario}: no JSON result:\n{out}"));
+    if result["print_attempts"].as_u64().is_some_and(|n| n > 1) {
+        eprintln!(
+            "{scenario}: a task's print arrived on attempt {}",
+            result["print_attempts"]
+        );
+    }
     result["stdout"] = Value::String(stdout.into_owned());
     result
 }

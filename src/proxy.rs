@@ -31,7 +31,7 @@ use crate::supervisor::{Gate, ModuleHandle, NotReady};
 pub(crate) use body::CancelableBody;
 pub(crate) use client_socket::{Activity, Client, ClientSocket};
 pub use error::{ProxyError, SharedError, UpstreamFailure};
-pub(crate) use headers::strip_hop_by_hop;
+pub(crate) use headers::{from_browser, strip_hop_by_hop};
 pub(crate) use idle::{is_send_timeout, WriteTimeout};
 use idle::{BodyTimeout, ClientBodyError};
 use shared::{Shared, SharedAnswers};

@@ -13,7 +13,16 @@ use crate::support::{client, dashd, eventually, test_module, Dashd, WAIT};
 /// One `GET`: its status, how it was served (`x-dashd-shared`) and the
 /// module's count in it.
 async fn get(d: &Dashd, path: &str) -> (u16, String, u64) {
-    let response = client().get(d.url(path)).send().await.expect("GET");
+    get_with(d, path, &[]).await
+}
+
+/// One `GET` with `headers`, as [`get`].
+async fn get_with(d: &Dashd, path: &str, headers: &[(&str, &str)]) -> (u16, String, u64) {
+    let mut request = client().get(d.url(path));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.expect("GET");
     let status = response.status().as_u16();
     let how = response
         .headers()
@@ -197,4 +206,31 @@ async fn a_get_after_a_write_does_not_join_an_older_fetch() {
     let before = before.await.expect("task");
     assert_eq!(how, "fetched");
     assert_eq!(after, before + 1);
+}
+
+/// Ray's modules mask runtime-env secrets in answers to requests that look
+/// like a browser's: a browser is never served an answer another client
+/// fetched, nor the other way round; browsers share among themselves.
+#[tokio::test]
+async fn browsers_and_other_clients_are_answered_apart() {
+    let d = counting("30");
+    d.healthy("tm", 0).await;
+    let path = "/test/count?ms=1";
+    let (_, how, cli) = get(&d, path).await;
+    assert_eq!(how, "fetched");
+    let firefox = [("user-agent", "Mozilla/5.0 (X11; Linux x86_64; rv:140.0)")];
+    let (_, how, browser) = get_with(&d, path, &firefox).await;
+    assert_eq!((how.as_str(), browser), ("fetched", cli + 1));
+    // Any of Ray's signs makes a browser's request, and browsers share.
+    for sign in [
+        ("sec-fetch-mode", "cors"),
+        ("origin", "http://127.0.0.1:8265"),
+        ("referer", "http://127.0.0.1:8265/"),
+    ] {
+        let (_, how, n) = get_with(&d, path, &[sign]).await;
+        assert_eq!((how.as_str(), n), ("hit", browser), "{sign:?}");
+    }
+    // A user agent that is not a browser's, and none: the other kind.
+    let (_, how, n) = get_with(&d, path, &[("user-agent", "curl/8.5.0")]).await;
+    assert_eq!((how.as_str(), n), ("hit", cli));
 }

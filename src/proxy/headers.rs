@@ -1,5 +1,7 @@
 //! Hop-by-hop headers: they describe one connection and never cross the
-//! proxy, in either direction (RFC 9110 §7.6.1).
+//! proxy, in either direction (RFC 9110 §7.6.1). And the signs of a
+//! browser's request, which both the request guard and the shared answers
+//! read.
 
 use http::header::{self, HeaderMap, HeaderName};
 
@@ -17,6 +19,31 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
+
+/// Headers only browsers send (RFC 6454 `Origin`, the Fetch standard's
+/// `Sec-Fetch-*` and CORS preflight headers) or that browsers send on every
+/// request (`Referer`): with a `User-Agent` that starts with `Mozilla`,
+/// Ray's sign of browser traffic.
+const BROWSER_HEADERS: [&str; 8] = [
+    "referer",
+    "origin",
+    "sec-fetch-mode",
+    "sec-fetch-dest",
+    "sec-fetch-site",
+    "sec-fetch-user",
+    "access-control-request-method",
+    "access-control-request-headers",
+];
+
+/// Whether a request looks like a browser's, by Ray's signs. Ray's
+/// dashboard refuses such requests its writes, and its modules (since
+/// 2.60) mask runtime-env secrets in what they answer them.
+pub(crate) fn from_browser(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::USER_AGENT)
+        .is_some_and(|ua| ua.as_bytes().starts_with(b"Mozilla"))
+        || BROWSER_HEADERS.iter().any(|h| headers.contains_key(*h))
+}
 
 /// The comma-separated tokens of every `name` header (RFC 9110 §5.6.1),
 /// trimmed.

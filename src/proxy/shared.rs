@@ -24,9 +24,11 @@
 //! `max`. Only whole `200` answers without `Set-Cookie`, `Vary` (but
 //! `Accept-Encoding`) or `Cache-Control: private`/`no-store` are kept, up
 //! to [`MAX_ANSWER_BYTES`] each and [`MAX_TOTAL_BYTES`] together; other
-//! answers reach those that waited for them and are not kept. A fetch is
+//! answers reach those that waited for them and are not kept. Requests
+//! that look like a browser's (by Ray's signs) and the others are answered
+//! apart: Ray's modules mask runtime-env secrets for browsers. A fetch is
 //! sent with the first client's headers, without `Accept-Encoding` (one
-//! identity answer serves every client); a client that accepts gzip gets
+//! identity answer serves every client of its kind); a client that accepts gzip gets
 //! a text or JSON answer of 1 KiB or more gzipped, compressed once per
 //! answer. Every response says how it was served in `x-dashd-shared`, and
 //! its age in `Age` (RFC 9111 §5.1).
@@ -47,7 +49,7 @@ use ray_dashd_contract::LockExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::headers::tokens;
+use super::headers::{from_browser, tokens};
 use super::{send, upstream_request, ProxyError, UpstreamFailure};
 use crate::config::ServerSettings;
 use crate::connection::Hold;
@@ -185,11 +187,15 @@ impl Slot {
     }
 }
 
-/// The URL of a module, which names a shared answer.
+/// The URL of a module, which names a shared answer, and whether the
+/// request looks like a browser's: Ray's modules answer browsers with
+/// runtime-env secrets masked, so a browser is never served an answer
+/// fetched for another client, nor the other way round.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     module: Arc<str>,
     path_and_query: String,
+    browser: bool,
 }
 
 /// The shared answers of every cacheable route.
@@ -248,6 +254,7 @@ impl SharedAnswers {
                 .path_and_query()
                 .map_or("/", |p| p.as_str())
                 .to_owned(),
+            browser: from_browser(request.headers()),
         };
         let (parts, _) = request.into_parts();
         let gzip = accepts_gzip(&parts.headers);
@@ -716,6 +723,7 @@ mod tests {
         let key = |p: &str| Key {
             module: Arc::from("m"),
             path_and_query: p.to_owned(),
+            browser: false,
         };
         let mut slots = HashMap::new();
         slots.insert(key("/old"), answer(1, MAX_TOTAL_BYTES / 2));

@@ -22,6 +22,7 @@ use axum::Json;
 
 use crate::config::hosts::{split_authority, ALLOWED_HOSTS, ALLOWED_ORIGINS};
 use crate::config::ServerSettings;
+use crate::proxy::from_browser;
 
 /// Host names that mean this machine whatever DNS says; loopback IP literals
 /// (127.0.0.0/8, `[::1]`) are recognised by parsing.
@@ -33,20 +34,6 @@ const LOOPBACK_TEXT: &str = "localhost, 127.x.x.x or [::1] (any port)";
 /// The Fetch standard's request header naming how the page that sent a
 /// request relates to its target; `cross-site` means another site's page.
 const SEC_FETCH_SITE: &str = "sec-fetch-site";
-
-/// Headers only browsers send (RFC 6454 `Origin`, the Fetch standard's
-/// `Sec-Fetch-*` and CORS preflight headers) or that browsers send on every
-/// request (`Referer`): Ray's sign of browser traffic.
-const BROWSER_HEADERS: [&str; 8] = [
-    "referer",
-    "origin",
-    "sec-fetch-mode",
-    "sec-fetch-dest",
-    "sec-fetch-site",
-    "sec-fetch-user",
-    "access-control-request-method",
-    "access-control-request-headers",
-];
 
 /// Which requests the server answers, by the names they carry.
 #[derive(Debug)]
@@ -307,12 +294,7 @@ fn names_loopback(host: &str) -> bool {
 /// DNS name) must not be able to submit jobs. The same here, when Ray's
 /// modules are hosted.
 fn refuse_browser_write<B>(request: &Request<B>) -> Result<(), Refusal> {
-    let headers = request.headers();
-    let browser = headers
-        .get(header::USER_AGENT)
-        .is_some_and(|ua| ua.as_bytes().starts_with(b"Mozilla"))
-        || BROWSER_HEADERS.iter().any(|h| headers.contains_key(*h));
-    if !browser || browser_may_write(request.uri().path()) {
+    if !from_browser(request.headers()) || browser_may_write(request.uri().path()) {
         return Ok(());
     }
     Err(Refusal::BrowserWrite {

@@ -1,7 +1,7 @@
 //! The programs the `ray-dashd` binary carries besides the server, so that
 //! one binary, copied or installed alone, has everything its default config
 //! and Ray's modules start: `ray-dashd module logs|example`, `ray-dashd
-//! fork-shim …` and `ray-dashd client-proxy …`. Each runs the code of its
+//! fork-shim …`, `ray-dashd client-proxy …` and `ray-dashd ray-state …`. Each runs the code of its
 //! crate under `modules/`, whose own binary stays for configs that name it.
 
 use std::ffi::OsString;
@@ -19,6 +19,9 @@ pub const FORK_SHIM: &str = "fork-shim";
 
 /// The subcommand of the Ray Client proxy.
 pub const CLIENT_PROXY: &str = "client-proxy";
+
+/// The subcommand of the Ray state module.
+pub const RAY_STATE: &str = "ray-state";
 
 /// Runs the fork shim when the command line is `ray-dashd fork-shim …`,
 /// before anything else: the shim is started once per Ray module and stands
@@ -54,6 +57,9 @@ pub enum Builtin {
     /// The Ray Client proxy module (`ray://`), which ray-dashd starts with
     /// Ray's modules.
     ClientProxy(ray_dashd_client_proxy::args::Args),
+    /// The Ray state module, which answers some of Ray's routes from the
+    /// GCS; ray-dashd starts it with Ray's modules.
+    RayState(ray_dashd_ray_state::Args),
 }
 
 /// The modules built into the binary.
@@ -77,6 +83,7 @@ impl Builtin {
             } => ray_dashd_example::main(),
             Builtin::ForkShim { args } => ray_dashd_fork_shim::main(args),
             Builtin::ClientProxy(args) => ray_dashd_client_proxy::main(args),
+            Builtin::RayState(args) => ray_dashd_ray_state::main(args),
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod metrics_port;
 mod not_hosted;
 pub mod parent;
 pub mod python;
+pub mod ray_state;
 pub mod shared_routes;
 
 use std::io::Read;
@@ -108,6 +109,27 @@ pub struct RayParent {
     pub usage_stats_prompt_enabled: bool,
     /// The latest GCS check, for `/api/gcs_healthz` and `/cluster_id`.
     pub gcs: GcsStatus,
+    /// How Ray's modules mask runtime-env secrets for a browser.
+    pub redaction: Redaction,
+}
+
+/// How the installed Ray's modules mask runtime-env secrets in what they
+/// answer a browser (as `head_facts.py` read it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Redaction {
+    /// They do not (before 2.60, or `RAY_DASHBOARD_REDACT_RUNTIME_ENV=0`).
+    #[default]
+    None,
+    /// Each value of these fields becomes `placeholder`.
+    Masks {
+        /// The runtime env's secret fields.
+        fields: Vec<String>,
+        /// What replaces each value.
+        placeholder: String,
+    },
+    /// They do, in a way `head_facts.py` could not read.
+    Unknown,
 }
 
 /// What `head_facts.py` prints, read with Ray's own helpers.
@@ -130,6 +152,8 @@ struct HeadFacts {
     auth_token: Option<String>,
     usage_stats_enabled: bool,
     usage_stats_prompt_enabled: bool,
+    #[serde(default)]
+    runtime_env_redaction: Redaction,
 }
 
 impl RayParent {
@@ -165,6 +189,7 @@ impl RayParent {
             usage_stats_enabled: facts.usage_stats_enabled,
             usage_stats_prompt_enabled: facts.usage_stats_prompt_enabled,
             gcs: GcsStatus::default(),
+            redaction: facts.runtime_env_redaction,
         })
     }
 }
@@ -292,7 +317,7 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         Ok(read) => read,
         Err(why) => return refuse.not_hosted(Some(&python), format!("{why}{}", why.fix())),
     };
-    host_modules(config, &settings, gcs_address, &python, tls, read)
+    host_modules(config, session, &settings, gcs_address, &python, tls, read)
 }
 
 /// How a head found but not hosted is answered: with `[ray] modules =
@@ -438,6 +463,7 @@ fn read_head(
 /// `[ray] client_port` is 0.
 fn host_modules(
     config: &mut Config,
+    session: &Session,
     settings: &RaySettings,
     gcs_address: String,
     python: &RayPython,
@@ -458,6 +484,37 @@ fn host_modules(
         }
     }
     let shared = shared_routes::mark(&mut config.modules[before..], settings.cache);
+    let supervision = Supervision {
+        memory_budget: settings
+            .memory_budget
+            .or(config.module_defaults.memory_budget),
+        ..config.module_defaults.clone()
+    };
+    let native = if settings.native_routes {
+        ray_state::take_routes(
+            &mut config.modules[before..],
+            &ray_state::Launch {
+                gcs_address: &gcs_address,
+                sockets: &session.sockets,
+                token_auth: parent.token.is_some(),
+                redaction: &parent.redaction,
+            },
+            supervision.clone(),
+        )
+    } else {
+        Err(ray_state::Skipped::Off)
+    };
+    match native {
+        Ok(spec) => {
+            let routes: Vec<&str> = spec.routes.iter().map(|r| r.path.as_str()).collect();
+            info!(
+                ?routes,
+                "Ray's routes answered from the GCS (the Ray state module)"
+            );
+            config.add_modules("<the Ray state module>", vec![spec])?;
+        }
+        Err(why) => info!(reason = %why, "no Ray state module"),
+    }
     info!(
         gcs = %gcs_address,
         ray_version = %parent.ray_version,
@@ -474,12 +531,7 @@ fn host_modules(
             &gcs_address,
             &python.program,
             parent.token.is_some(),
-            Supervision {
-                memory_budget: settings
-                    .memory_budget
-                    .or(config.module_defaults.memory_budget),
-                ..config.module_defaults.clone()
-            },
+            supervision,
         );
         config.add_modules("<the Ray Client proxy>", vec![proxy])?;
         info!(port = settings.client_port, "hosting the Ray Client proxy");

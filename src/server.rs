@@ -339,6 +339,7 @@ mod tests {
             usage_stats_enabled: false,
             usage_stats_prompt_enabled: false,
             gcs: GcsStatus::default(),
+            redaction: Default::default(),
         };
         router(AppState {
             supervisor: Arc::new(Supervisor::without_modules(

@@ -11,8 +11,8 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, ray_module_healthy, run_driver, submit_six_times_seven, text,
-    token, RayHead,
+    all_ray_modules_healthy, authed, jobs_listed_as_rays, ray_module_healthy, run_driver,
+    submit_six_times_seven, text, token, RayHead,
 };
 use crate::support::{client, dashd, Dashd};
 
@@ -199,7 +199,7 @@ async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
         installed,
         "{job_head:#}"
     );
-    for name in ["ray_client_proxy", "logs", "example"] {
+    for name in ["ray_client_proxy", "ray_state", "logs", "example"] {
         let module = ray_module_healthy(&d, &authed(), name).await;
         assert_eq!(
             exe_of(module["pid"].as_u64().expect("pid")),
@@ -229,4 +229,11 @@ async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
     assert_eq!(result["actor"], 2, "{result:#}");
     assert_eq!(result["put_get_equal"], true, "{result:#}");
     assert_eq!(result["print_seen"], true, "{result:#}");
+
+    // The job list from the GCS (the Ray state module) is Ray's: the
+    // submitted job, and the client's driver.
+    let jobs = jobs_listed_as_rays(&d).await;
+    for kind in ["SUBMISSION", "DRIVER"] {
+        assert!(jobs.iter().any(|j| j["type"] == kind), "{kind}: {jobs:?}");
+    }
 }

@@ -2,8 +2,9 @@
 Ray's dashboard parent serves itself: where the installed Ray keeps its
 built web UI, the head's time zone as the UI asks for it (`/timezone`), the
 authentication mode and, in token mode, the token (Ray's own loader finds
-it: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), and whether
-usage stats are on (`/usage_stats_enabled`).
+it: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), whether
+usage stats are on (`/usage_stats_enabled`), and how Ray's modules mask
+runtime-env secrets for a browser (the Ray state module masks the same).
 
 The token goes to stdout, which ray-dashd reads through a pipe; run by
 hand, this prints it.
@@ -43,6 +44,26 @@ def auth_facts() -> tuple:
     return name, k8s, (mode if mode == AuthenticationMode.TOKEN else None)
 
 
+def redaction_facts() -> dict:
+    """How this Ray's modules mask runtime-env secrets in what they answer a
+    browser: {"kind": "none"} before 2.60 or with
+    RAY_DASHBOARD_REDACT_RUNTIME_ENV off; the fields and the mask when they
+    can be read; {"kind": "unknown"} when masking is on but they cannot."""
+    try:
+        from ray.dashboard import runtime_env_redaction as redaction
+    except ImportError:
+        return {"kind": "none"}
+    from ray._private import ray_constants
+    if not getattr(ray_constants, "RAY_DASHBOARD_REDACT_RUNTIME_ENV", True):
+        return {"kind": "none"}
+    fields = getattr(redaction, "_SECRET_RUNTIME_ENV_FIELDS", None)
+    placeholder = getattr(redaction, "REDACTED_PLACEHOLDER", None)
+    if not isinstance(placeholder, str) or not isinstance(fields, (tuple, list)) \
+            or not all(isinstance(f, str) for f in fields):
+        return {"kind": "unknown"}
+    return {"kind": "masks", "fields": list(fields), "placeholder": placeholder}
+
+
 def main() -> int:
     import ray
 
@@ -64,6 +85,7 @@ def main() -> int:
         "k8s_token_auth": k8s,
         "usage_stats_enabled": usage_lib.usage_stats_enabled(),
         "usage_stats_prompt_enabled": usage_lib.usage_stats_prompt_enabled(),
+        "runtime_env_redaction": redaction_facts(),
     }
     warnings = [dashd_ray.newer_than_tested(ray.__version__)]
     if os.environ.get("RAY_AUTH_MODE", "").strip() == "token" and mode_name == "disabled":

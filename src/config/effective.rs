@@ -141,6 +141,7 @@ fn ray(config: &Config) -> RawRay {
         launch: Some(r.launch),
         memory_budget_mib: r.memory_budget.map(|bytes| bytes / (1024 * 1024)),
         cache_secs: Some(r.cache.map_or(0.0, |d| d.as_secs_f64())),
+        native_routes: Some(r.native_routes),
     }
 }
 

@@ -47,6 +47,8 @@ pub(super) struct RawRay {
     pub(super) memory_budget_mib: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) cache_secs: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) native_routes: Option<bool>,
 }
 
 /// Only modules: what `routes.py` generates for Ray's modules.
@@ -257,6 +259,7 @@ impl RawRay {
             launch: over.launch.or(self.launch),
             memory_budget_mib: over.memory_budget_mib.or(self.memory_budget_mib),
             cache_secs: over.cache_secs.or(self.cache_secs),
+            native_routes: over.native_routes.or(self.native_routes),
         }
     }
 }

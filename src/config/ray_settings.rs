@@ -67,6 +67,9 @@ pub struct RaySettings {
     /// (`crate::ray::shared_routes`); `None`: every request goes to the
     /// module.
     pub cache: Option<Duration>,
+    /// Whether the Ray state module (`modules/ray-state`) answers the
+    /// routes it can build from the GCS in place of Ray's modules.
+    pub native_routes: bool,
 }
 
 impl Default for RaySettings {
@@ -79,6 +82,7 @@ impl Default for RaySettings {
             launch: RayLaunch::Fork,
             memory_budget: None,
             cache: Some(DEFAULT_CACHE),
+            native_routes: true,
         }
     }
 }

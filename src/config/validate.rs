@@ -165,6 +165,7 @@ impl Validator<'_> {
                         )
                     }
                 },
+                native_routes: raw.ray.native_routes.unwrap_or(true),
             },
         })
     }

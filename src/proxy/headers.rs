@@ -20,29 +20,12 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
-/// Headers only browsers send (RFC 6454 `Origin`, the Fetch standard's
-/// `Sec-Fetch-*` and CORS preflight headers) or that browsers send on every
-/// request (`Referer`): with a `User-Agent` that starts with `Mozilla`,
-/// Ray's sign of browser traffic.
-const BROWSER_HEADERS: [&str; 8] = [
-    "referer",
-    "origin",
-    "sec-fetch-mode",
-    "sec-fetch-dest",
-    "sec-fetch-site",
-    "sec-fetch-user",
-    "access-control-request-method",
-    "access-control-request-headers",
-];
-
-/// Whether a request looks like a browser's, by Ray's signs. Ray's
-/// dashboard refuses such requests its writes, and its modules (since
-/// 2.60) mask runtime-env secrets in what they answer them.
+/// Whether a request looks like a browser's, by Ray's signs
+/// ([`ray_dashd_contract::browser`]): Ray's dashboard refuses such requests
+/// its writes, and its modules (from 2.60) mask runtime-env secrets in what
+/// they answer them.
 pub(crate) fn from_browser(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::USER_AGENT)
-        .is_some_and(|ua| ua.as_bytes().starts_with(b"Mozilla"))
-        || BROWSER_HEADERS.iter().any(|h| headers.contains_key(*h))
+    ray_dashd_contract::browser::from_browser(|name| headers.get(name).map(|v| v.as_bytes()))
 }
 
 /// The comma-separated tokens of every `name` header (RFC 9110 §5.6.1),

@@ -143,6 +143,7 @@ mod tests {
             usage_stats_enabled: false,
             usage_stats_prompt_enabled: true,
             gcs: GcsStatus::default(),
+            redaction: Default::default(),
         })
     }
 

@@ -646,3 +646,74 @@ pub async fn clients(d: &Dashd) -> Value {
         .await
         .expect("json")
 }
+
+/// `GET path` from the module listening on `socket`, with `headers`: its
+/// status and body.
+pub async fn socket_get(socket: &Path, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(connection);
+    let mut request = http::Request::get(path).header("host", "localhost");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let response = sender.send_request(request).await.expect("response");
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// How long two job lists may differ because a job changes state.
+const JOBS_SETTLE: Duration = Duration::from_secs(30);
+
+/// `GET /api/jobs/` through `d`, which the Ray state module answers from
+/// the GCS, is what Ray's JobHead answers (asked on its socket), as parsed
+/// JSON, for the CLI and for a browser (whose secrets Ray 2.60 masks), at
+/// one moment at least (a job may change state between two answers); and
+/// the module left none of them to JobHead. Returns the list (the
+/// browser's).
+pub async fn jobs_listed_as_rays(d: &Dashd) -> Vec<Value> {
+    let job_head = d.session().join("sockets/dash_JobHead");
+    let mut listed = Vec::new();
+    for headers in [vec![], vec![("origin", "http://elsewhere.example")]] {
+        let last = std::sync::Mutex::new(String::new());
+        let same = eventually(JOBS_SETTLE, || async {
+            let mut ours = authed().get(d.url("/api/jobs/"));
+            for (name, value) in &headers {
+                ours = ours.header(*name, *value);
+            }
+            let ours = ours.send().await.expect("jobs").text().await.expect("body");
+            let (status, theirs) = socket_get(&job_head, "/api/jobs/", &headers).await;
+            assert_eq!(status, 200, "{theirs}");
+            let ours_json: Value = serde_json::from_str(&ours).expect("our JSON");
+            let theirs_json: Value = serde_json::from_str(&theirs).expect("JobHead's JSON");
+            *last.lock().expect("last") = format!("ours:   {ours}\nRay's: {theirs}");
+            (ours_json == theirs_json).then(|| ours_json.as_array().cloned().unwrap_or_default())
+        })
+        .await;
+        let last = last.into_inner().expect("last");
+        listed = same.unwrap_or_else(|| panic!("{headers:?}: never the same\n{last}"));
+    }
+    let module_log = std::fs::read_to_string(d.session().join("logs/dashboard_ray_state.err"))
+        .expect("the Ray state module's log");
+    assert!(
+        module_log.contains("serving Ray's job list from the GCS")
+            && !module_log.contains("left to JobHead"),
+        "{module_log}"
+    );
+    listed
+}

@@ -14,9 +14,11 @@
 //!   lines and `status` values.
 //! - [`token`]: the cluster's token, compared in constant time.
 //! - [`backoff`]: the one retry delay, doubling up to a cap.
+//! - [`browser`]: Ray's signs that a request comes from a browser.
 //! - [`lock`]: the one policy for a poisoned lock (take the data anyway).
 
 pub mod backoff;
+pub mod browser;
 pub mod child;
 pub mod lock;
 pub mod names;

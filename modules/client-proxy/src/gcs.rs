@@ -1,17 +1,21 @@
 //! The few GCS calls the proxy makes itself: the internal KV for the calls a
 //! client makes before its server exists (the working_dir upload), pinning
-//! runtime env URIs, and finding the head's runtime env agent.
+//! runtime env URIs, and finding the head's runtime env agent. The Ray state
+//! module (`modules/ray-state`) reads the job table and the KV through the
+//! same client.
 
 use std::time::Duration;
 
 use ray_dashd_tls::{Connector, RayTls};
 use ray_proto::rpc::gcs_node_info::GcsNodeState;
 use ray_proto::rpc::internal_kv_gcs_service_client::InternalKvGcsServiceClient;
+use ray_proto::rpc::job_info_gcs_service_client::JobInfoGcsServiceClient;
 use ray_proto::rpc::node_info_gcs_service_client::NodeInfoGcsServiceClient;
 use ray_proto::rpc::runtime_env_gcs_service_client::RuntimeEnvGcsServiceClient;
 use ray_proto::rpc::{
-    GcsNodeInfo, GcsStatus, GetAllNodeInfoRequest, InternalKvDelRequest, InternalKvExistsRequest,
-    InternalKvGetRequest, InternalKvKeysRequest, InternalKvPutRequest, PinRuntimeEnvUriRequest,
+    GcsNodeInfo, GcsStatus, GetAllJobInfoRequest, GetAllNodeInfoRequest, InternalKvDelRequest,
+    InternalKvExistsRequest, InternalKvGetRequest, InternalKvKeysRequest,
+    InternalKvMultiGetRequest, InternalKvPutRequest, JobTableData, PinRuntimeEnvUriRequest,
 };
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
@@ -161,6 +165,40 @@ impl Gcs {
             .into_inner();
         check(reply.status)?;
         Ok(reply.results)
+    }
+
+    /// The values of `keys` that are there, by key, in one call.
+    pub async fn kv_multi_get(
+        &self,
+        namespace: Vec<u8>,
+        keys: Vec<Vec<u8>>,
+    ) -> Result<std::collections::HashMap<Vec<u8>, Vec<u8>>, Status> {
+        let reply = self
+            .kv()
+            .internal_kv_multi_get(self.req(InternalKvMultiGetRequest { keys, namespace }))
+            .await?
+            .into_inner();
+        check(reply.status)?;
+        Ok(reply
+            .results
+            .into_iter()
+            .map(|e| (e.key, e.value))
+            .collect())
+    }
+
+    /// Every job in the GCS's job table, without the job API's record and
+    /// the running-tasks flag (as Ray's job list asks for them).
+    pub async fn all_jobs(&self) -> Result<Vec<JobTableData>, Status> {
+        let reply = JobInfoGcsServiceClient::new(self.channel.clone())
+            .get_all_job_info(self.req(GetAllJobInfoRequest {
+                skip_submission_job_info_field: Some(true),
+                skip_is_running_tasks_field: Some(true),
+                ..Default::default()
+            }))
+            .await?
+            .into_inner();
+        check(reply.status)?;
+        Ok(reply.job_info_list)
     }
 
     /// Deletes `key` (or every key it prefixes); returns how many went.

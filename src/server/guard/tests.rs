@@ -299,17 +299,7 @@ fn ray_browser_rule_comes_first_with_its_exceptions() {
             method: Method::POST
         })
     );
-    // Ray's signs of a browser (its `is_browser_request`).
-    for name in [
-        "referer",
-        "origin",
-        "sec-fetch-mode",
-        "sec-fetch-dest",
-        "sec-fetch-site",
-        "sec-fetch-user",
-        "access-control-request-method",
-        "access-control-request-headers",
-    ] {
+    for name in ray_dashd_contract::browser::BROWSER_HEADERS {
         let r = request(Method::DELETE, "/api/jobs/x", &[host, (name, "x")]);
         assert!(
             matches!(admit(&g, &r), Err(Refusal::BrowserWrite { .. })),

@@ -1,0 +1,171 @@
+//! The Ray state module: answers some of Ray's cluster-state routes from
+//! the GCS itself, the same as Ray's own modules answer them, with Ray's
+//! module behind it for what it declines. ray-dashd hosts it beside Ray's
+//! modules and gives it their routes it serves (`[ray] native_routes`).
+//!
+//! Why: on a big cluster Ray's Python modules spend seconds of CPU on each
+//! answer of a polled route (JobHead reads the job API's records one GCS
+//! call at a time: a thousand calls for a thousand jobs), on a head whose
+//! CPUs the GCS and the autoscaler already hold.
+//!
+//! Served: `GET /api/jobs/` ([`jobs`]). What the module cannot build as
+//! Ray's does ([`jobs::Decline`]), or while the GCS does not answer, it
+//! forwards to Ray's JobHead ([`fallback`]), so a client gets Ray's answer
+//! either way.
+
+pub mod fallback;
+pub mod jobs;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, Request};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use ray_dashd_client_proxy::gcs::Gcs;
+use ray_dashd_sdk::ModuleEnv;
+use ray_dashd_tls::RayTls;
+
+/// The routes this module serves.
+pub const JOBS_PATH: &str = "/api/jobs/";
+
+/// Command line of the Ray state module.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "ray-dashd-ray-state", version)]
+pub struct Args {
+    /// The GCS (`host:port`).
+    #[arg(long)]
+    pub gcs_address: String,
+    /// The socket of Ray's JobHead, which answers what this module
+    /// declines.
+    #[arg(long)]
+    pub job_head_socket: PathBuf,
+    /// A runtime env field whose values Ray masks in answers to a browser
+    /// (once per field; none: this Ray masks nothing).
+    #[arg(long = "redact-field")]
+    pub redact_fields: Vec<String>,
+    /// What replaces each masked value.
+    #[arg(long, default_value = "<redacted>")]
+    pub redact_placeholder: String,
+}
+
+/// Why the module cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The module contract's environment.
+    #[error(transparent)]
+    Sdk(#[from] ray_dashd_sdk::SdkError),
+    /// Ray's TLS settings.
+    #[error("Ray's TLS settings: {0}")]
+    Tls(String),
+    /// Ray's token.
+    #[error("Ray's token: {0}")]
+    Token(String),
+    /// The GCS client.
+    #[error(transparent)]
+    Gcs(#[from] ray_dashd_client_proxy::gcs::GcsError),
+}
+
+/// What the handlers share.
+#[derive(Debug)]
+struct Shared {
+    gcs: Gcs,
+    job_head: PathBuf,
+    redaction: Option<jobs::Redaction>,
+}
+
+/// Runs the module to its end; its exit status.
+pub fn main(args: Args) -> ExitCode {
+    ray_dashd_sdk::run_main("ray state module", serve(args))
+}
+
+async fn serve(args: Args) -> Result<(), StartupError> {
+    let env = ModuleEnv::from_env()?;
+    let tls = RayTls::from_env().map_err(|e| StartupError::Tls(e.to_string()))?;
+    let token = ray_dashd_client_proxy::auth::token_from_env()
+        .map_err(|e| StartupError::Token(e.to_string()))?;
+    let gcs = Gcs::new(&args.gcs_address, token.as_ref(), tls.as_ref())?;
+    let redaction = (!args.redact_fields.is_empty()).then(|| jobs::Redaction {
+        fields: args.redact_fields.clone(),
+        placeholder: args.redact_placeholder.clone(),
+    });
+    tracing::info!(
+        gcs = %args.gcs_address,
+        job_head = %args.job_head_socket.display(),
+        redacts = redaction.is_some(),
+        "serving Ray's job list from the GCS"
+    );
+    let shared = Arc::new(Shared {
+        gcs,
+        job_head: args.job_head_socket,
+        redaction,
+    });
+    let router = Router::new()
+        .route(JOBS_PATH, get(list_jobs))
+        .with_state(shared);
+    let app = ray_dashd_sdk::with_healthz(router);
+    ray_dashd_sdk::serve_router_until(&env, app, ray_dashd_sdk::shutdown_signal()?).await?;
+    Ok(())
+}
+
+/// Why the module did not build an answer itself.
+#[derive(Debug, thiserror::Error)]
+enum NotBuilt {
+    #[error("the GCS: {0}")]
+    Gcs(#[from] tonic::Status),
+    #[error("a job record's key is not UTF-8")]
+    Key,
+    #[error(transparent)]
+    Declined(#[from] jobs::Decline),
+}
+
+/// `GET /api/jobs/`: the list from the GCS, or JobHead's.
+async fn list_jobs(State(shared): State<Arc<Shared>>, request: Request<Body>) -> Response {
+    let browser = ray_dashd_contract::browser::from_browser(|name| {
+        request.headers().get(name).map(|v| v.as_bytes())
+    });
+    let redaction = shared.redaction.as_ref().filter(|_| browser);
+    match build_jobs(&shared.gcs, redaction).await {
+        Ok(body) => (
+            [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+            body,
+        )
+            .into_response(),
+        Err(why) => {
+            tracing::info!(reason = %why, "job list left to JobHead");
+            fallback::forward(&shared.job_head, request).await
+        }
+    }
+}
+
+async fn build_jobs(gcs: &Gcs, redaction: Option<&jobs::Redaction>) -> Result<Vec<u8>, NotBuilt> {
+    let namespace = jobs::KV_NAMESPACE.to_vec();
+    let (drivers, keys) = tokio::try_join!(
+        gcs.all_jobs(),
+        gcs.kv_keys(namespace.clone(), jobs::KV_PREFIX.as_bytes().to_vec()),
+    )?;
+    let mut ids = Vec::with_capacity(keys.len());
+    for key in &keys {
+        let id = std::str::from_utf8(key)
+            .ok()
+            .and_then(|k| k.strip_prefix(jobs::KV_PREFIX))
+            .ok_or(NotBuilt::Key)?;
+        ids.push(id.to_owned());
+    }
+    let mut values = if keys.is_empty() {
+        Default::default()
+    } else {
+        gcs.kv_multi_get(namespace, keys.clone()).await?
+    };
+    let records: Vec<jobs::Record> = ids
+        .into_iter()
+        .zip(&keys)
+        .map(|(id, key)| (id, values.remove(key)))
+        .collect();
+    let list = jobs::list(drivers, &records, redaction)?;
+    Ok(serde_json::to_vec(&list).expect("UNWRAP: a JSON value serializes"))
+}

@@ -20,8 +20,8 @@ use serde_json::Value;
 
 use crate::support::eventually;
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, free_port, hosting, ray_python, run_bounded, text, token,
-    RayHead, RAY_WAIT,
+    all_ray_modules_healthy, authed, free_port, hosting, json_of, ray_python, run_bounded, text,
+    token, RayHead, RAY_WAIT,
 };
 
 const NODES: usize = 200;
@@ -254,14 +254,7 @@ async fn a_synthetic_big_cluster_is_answered_as_rays_own_dashboard_answers() {
         .expect("GET /nodes");
     assert!(shared.headers().contains_key("x-dashd-shared"));
     let node_head = eventually(RAY_WAIT, || async {
-        let report: Value = authed()
-            .get(d.url("/api/modules/NodeHead"))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let report = json_of(authed().get(d.url("/api/modules/NodeHead"))).await?;
         (report["memory_bytes"].as_u64()? > 0).then_some(report)
     })
     .await

@@ -1,7 +1,8 @@
 //! The Ray state module (`modules/ray-state`) in Ray's module set: which of
-//! Ray's routes it takes over (`GET /api/jobs/` from JobHead), and how it
-//! is started. Ray's module keeps the route's other methods, and answers
-//! what the Ray state module declines (through its socket).
+//! Ray's routes it takes over (`GET /api/jobs/` from JobHead, `GET
+//! /api/cluster_status` from ReportHead), and how it is started. Ray's
+//! module keeps the route's other methods, and answers what the Ray state
+//! module declines (through its socket).
 
 use std::path::Path;
 
@@ -13,8 +14,12 @@ use super::Redaction;
 /// The Ray state module's name.
 pub const MODULE: &str = "ray_state";
 
-/// The routes it serves: Ray's module that declares each, and the path.
-const TAKEN: &[(&str, &str)] = &[("JobHead", "/api/jobs/")];
+/// The routes it serves: Ray's module that declares each, the path, and
+/// the flag that gives the module that Ray module's socket.
+const TAKEN: &[(&str, &str, &str)] = &[
+    ("JobHead", "/api/jobs/", "--job-head-socket"),
+    ("ReportHead", "/api/cluster_status", "--report-head-socket"),
+];
 
 /// What the module is started with.
 #[derive(Debug)]
@@ -36,8 +41,8 @@ pub enum Skipped {
     #[error("[ray] native_routes is off")]
     Off,
     /// No hosted module declares a route it serves.
-    #[error("no hosted Ray module declares GET {0}")]
-    NoRoute(&'static str),
+    #[error("no hosted Ray module declares a route it serves")]
+    NoRoute,
     /// This Ray masks secrets in a way the module cannot repeat.
     #[error("this Ray masks runtime-env secrets in a way head_facts.py could not read")]
     UnknownRedaction,
@@ -67,9 +72,9 @@ pub fn take_routes(
         }
         Redaction::Unknown => return Err(Skipped::UnknownRedaction),
     }
-    // Every route is found before any is taken.
-    let mut found = Vec::new();
-    for (class, path) in TAKEN {
+    // A route a release's module lacks is left out; the others are taken.
+    let mut routes = Vec::new();
+    for (class, path, flag) in TAKEN {
         let at = modules.iter().enumerate().find_map(|(m, spec)| {
             (spec.name == *class)
                 .then(|| {
@@ -82,15 +87,15 @@ pub fn take_routes(
                 .flatten()
                 .map(|r| (m, r))
         });
-        found.push(at.ok_or(Skipped::NoRoute(path))?);
-    }
-    let mut routes = Vec::new();
-    for ((class, _), (m, r)) in TAKEN.iter().zip(found) {
+        let Some((m, r)) = at else { continue };
         routes.push(modules[m].routes.remove(r));
         let socket = launch
             .sockets
             .join(ray_dashd_contract::names::socket_name(class));
-        args.extend(["--job-head-socket".to_owned(), socket.display().to_string()]);
+        args.extend([(*flag).to_owned(), socket.display().to_string()]);
+    }
+    if routes.is_empty() {
+        return Err(Skipped::NoRoute);
     }
     let mode = if launch.token_auth {
         "token"
@@ -123,22 +128,32 @@ mod tests {
         }
     }
 
-    fn job_head() -> ModuleSpec {
+    fn ray_module(name: &str, routes: Vec<RouteSpec>) -> ModuleSpec {
         ModuleSpec {
-            name: "JobHead".to_owned(),
+            name: name.to_owned(),
             program: "python".to_owned(),
             args: Vec::new(),
             env: Default::default(),
-            routes: vec![
-                route(http::Method::POST, "/api/jobs/", None),
-                route(
-                    http::Method::GET,
-                    "/api/jobs/",
-                    Some(Duration::from_secs(2)),
-                ),
-            ],
+            routes,
             supervision: Supervision::default(),
         }
+    }
+
+    fn ray_modules() -> Vec<ModuleSpec> {
+        let shared = Some(Duration::from_secs(2));
+        vec![
+            ray_module(
+                "JobHead",
+                vec![
+                    route(http::Method::POST, "/api/jobs/", None),
+                    route(http::Method::GET, "/api/jobs/", shared),
+                ],
+            ),
+            ray_module(
+                "ReportHead",
+                vec![route(http::Method::GET, "/api/cluster_status", shared)],
+            ),
+        ]
     }
 
     fn launch(redaction: &Redaction) -> Launch<'_> {
@@ -151,26 +166,27 @@ mod tests {
     }
 
     #[test]
-    fn the_job_list_is_taken_from_job_head_with_its_sharing() {
-        let mut modules = vec![job_head()];
+    fn the_routes_are_taken_from_rays_modules_with_their_sharing() {
+        let mut modules = ray_modules();
         let masks = Redaction::Masks {
             fields: vec!["env_vars".to_owned()],
             placeholder: "<redacted>".to_owned(),
         };
         let spec =
             take_routes(&mut modules, &launch(&masks), Supervision::default()).expect("taken");
+        let shared = Some(Duration::from_secs(2));
         assert_eq!(
             spec.routes,
-            [route(
-                http::Method::GET,
-                "/api/jobs/",
-                Some(Duration::from_secs(2))
-            )]
+            [
+                route(http::Method::GET, "/api/jobs/", shared),
+                route(http::Method::GET, "/api/cluster_status", shared),
+            ]
         );
         assert_eq!(
             modules[0].routes,
             [route(http::Method::POST, "/api/jobs/", None)]
         );
+        assert!(modules[1].routes.is_empty());
         assert_eq!(
             spec.args,
             [
@@ -183,6 +199,8 @@ mod tests {
                 "<redacted>",
                 "--job-head-socket",
                 "/s/sockets/dash_JobHead",
+                "--report-head-socket",
+                "/s/sockets/dash_ReportHead",
             ]
         );
         assert_eq!(spec.env["RAY_AUTH_MODE"], "token");
@@ -190,7 +208,7 @@ mod tests {
 
     #[test]
     fn nothing_is_taken_when_the_module_cannot_stand_in() {
-        let mut modules = vec![job_head()];
+        let mut modules = ray_modules();
         assert_eq!(
             take_routes(
                 &mut modules,
@@ -201,11 +219,21 @@ mod tests {
             Skipped::UnknownRedaction
         );
         assert_eq!(modules[0].routes.len(), 2);
+        // A route no module declares is left out.
+        let mut jobs_only = vec![ray_modules().remove(0)];
+        let spec = take_routes(
+            &mut jobs_only,
+            &launch(&Redaction::None),
+            Supervision::default(),
+        )
+        .expect("the job list alone");
+        assert_eq!(spec.routes.len(), 1);
+        assert!(!spec.args.iter().any(|a| a == "--report-head-socket"));
         let mut none: Vec<ModuleSpec> = Vec::new();
         assert_eq!(
             take_routes(&mut none, &launch(&Redaction::None), Supervision::default())
-                .expect_err("no JobHead"),
-            Skipped::NoRoute("/api/jobs/")
+                .expect_err("no module"),
+            Skipped::NoRoute
         );
     }
 }

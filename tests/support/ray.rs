@@ -520,14 +520,7 @@ pub fn hosting(head: &RayHead, python: &Path, client_port: u16, extra_ray: &str)
 pub async fn ray_module_healthy(d: &Dashd, client: &reqwest::Client, name: &str) -> Value {
     let last = std::sync::Mutex::new(Value::Null);
     let healthy = eventually(RAY_WAIT, || async {
-        let report: Value = client
-            .get(d.url(&format!("/api/modules/{name}")))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let report = json_of(client.get(d.url(&format!("/api/modules/{name}")))).await?;
         let healthy = report["state"] == "healthy";
         *last.lock().expect("last report") = report.clone();
         healthy.then_some(report)
@@ -677,43 +670,74 @@ pub async fn socket_get(socket: &Path, path: &str, headers: &[(&str, &str)]) -> 
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
-/// How long two job lists may differ because a job changes state.
-const JOBS_SETTLE: Duration = Duration::from_secs(30);
+/// How long two answers may differ because what the GCS holds changes.
+const STATE_SETTLE: Duration = Duration::from_secs(30);
 
-/// `GET /api/jobs/` through `d`, which the Ray state module answers from
-/// the GCS, is what Ray's JobHead answers (asked on its socket), as parsed
-/// JSON, for the CLI and for a browser (whose secrets Ray 2.60 masks), at
-/// one moment at least (a job may change state between two answers); and
-/// the module left none of them to JobHead. Returns the list (the
-/// browser's).
+/// `GET path` through `d`, which the Ray state module answers from the
+/// GCS, is what Ray's `module` answers (asked on its socket), as parsed
+/// JSON, with `headers`, at one moment at least within [`STATE_SETTLE`]
+/// (what the GCS holds may change between two answers). Returns it.
+pub async fn answered_as_rays(
+    d: &Dashd,
+    path: &str,
+    module: &str,
+    headers: &[(&str, &str)],
+) -> Value {
+    let socket = d.session().join(format!("sockets/dash_{module}"));
+    let last = std::sync::Mutex::new(String::new());
+    let same = eventually(STATE_SETTLE, || async {
+        let mut ours = authed().get(d.url(path));
+        for (name, value) in headers {
+            ours = ours.header(*name, *value);
+        }
+        let ours = ours.send().await.expect("ours").text().await.expect("body");
+        let (status, theirs) = socket_get(&socket, path, headers).await;
+        assert_eq!(status, 200, "{module}: {theirs}");
+        let ours_json: Value = serde_json::from_str(&ours).expect("our JSON");
+        let theirs_json: Value = serde_json::from_str(&theirs).expect("Ray's JSON");
+        *last.lock().expect("last") = format!("ours:  {ours}\nRay's: {theirs}");
+        (ours_json == theirs_json).then_some(ours_json)
+    })
+    .await;
+    let last = last.into_inner().expect("last");
+    same.unwrap_or_else(|| panic!("{path} {headers:?}: never the same as {module}'s\n{last}"))
+}
+
+/// The Ray state module's routes answer as Ray's modules do
+/// ([`answered_as_rays`]): `/api/jobs/` for the CLI and for a browser
+/// (whose secrets Ray 2.60 masks), `/api/cluster_status`; and the module
+/// left none of them to Ray's. Returns the job list (the browser's).
 pub async fn jobs_listed_as_rays(d: &Dashd) -> Vec<Value> {
-    let job_head = d.session().join("sockets/dash_JobHead");
-    let mut listed = Vec::new();
-    for headers in [vec![], vec![("origin", "http://elsewhere.example")]] {
-        let last = std::sync::Mutex::new(String::new());
-        let same = eventually(JOBS_SETTLE, || async {
-            let mut ours = authed().get(d.url("/api/jobs/"));
-            for (name, value) in &headers {
-                ours = ours.header(*name, *value);
-            }
-            let ours = ours.send().await.expect("jobs").text().await.expect("body");
-            let (status, theirs) = socket_get(&job_head, "/api/jobs/", &headers).await;
-            assert_eq!(status, 200, "{theirs}");
-            let ours_json: Value = serde_json::from_str(&ours).expect("our JSON");
-            let theirs_json: Value = serde_json::from_str(&theirs).expect("JobHead's JSON");
-            *last.lock().expect("last") = format!("ours:   {ours}\nRay's: {theirs}");
-            (ours_json == theirs_json).then(|| ours_json.as_array().cloned().unwrap_or_default())
-        })
-        .await;
-        let last = last.into_inner().expect("last");
-        listed = same.unwrap_or_else(|| panic!("{headers:?}: never the same\n{last}"));
-    }
+    answered_as_rays(d, "/api/jobs/", "JobHead", &[]).await;
+    let browser = [("origin", "http://elsewhere.example")];
+    let listed = answered_as_rays(d, "/api/jobs/", "JobHead", &browser).await;
+    // Once the autoscaler has written its status (every few seconds), so
+    // that its keys are camel-cased on both sides.
+    let written = eventually(STATE_SETTLE, || async {
+        let status = json_of(authed().get(d.url("/api/cluster_status"))).await?;
+        status["data"]["clusterStatus"].is_object().then_some(())
+    })
+    .await;
+    assert!(written.is_some(), "the autoscaler wrote no status");
+    let status = answered_as_rays(d, "/api/cluster_status", "ReportHead", &[]).await;
+    assert!(
+        status["data"]["clusterStatus"]
+            .as_object()
+            .is_some_and(|s| s.keys().any(|k| k.contains(char::is_uppercase))),
+        "{status}"
+    );
     let module_log = std::fs::read_to_string(d.session().join("logs/dashboard_ray_state.err"))
         .expect("the Ray state module's log");
     assert!(
-        module_log.contains("serving Ray's job list from the GCS")
-            && !module_log.contains("left to JobHead"),
+        module_log.contains("serving Ray's routes from the GCS")
+            && !module_log.contains("left to Ray's module"),
         "{module_log}"
     );
-    listed
+    listed.as_array().cloned().unwrap_or_default()
+}
+
+/// The JSON answer to `request`; `None` when it cannot be had (for waits
+/// that ask again).
+pub async fn json_of(request: reqwest::RequestBuilder) -> Option<Value> {
+    request.send().await.ok()?.json().await.ok()
 }

@@ -8,11 +8,14 @@
 //! call at a time: a thousand calls for a thousand jobs), on a head whose
 //! CPUs the GCS and the autoscaler already hold.
 //!
-//! Served: `GET /api/jobs/` ([`jobs`]). What the module cannot build as
-//! Ray's does ([`jobs::Decline`]), or while the GCS does not answer, it
-//! forwards to Ray's JobHead ([`fallback`]), so a client gets Ray's answer
+//! Served: `GET /api/jobs/` ([`jobs`], JobHead's) and `GET
+//! /api/cluster_status` ([`cluster_status`], ReportHead's). What the module
+//! cannot build as Ray's does (a [`jobs::Decline`] or
+//! [`cluster_status::Decline`]), or while the GCS does not answer, it
+//! forwards to Ray's module ([`fallback`]), so a client gets Ray's answer
 //! either way.
 
+pub mod cluster_status;
 pub mod fallback;
 pub mod jobs;
 
@@ -30,8 +33,10 @@ use ray_dashd_client_proxy::gcs::Gcs;
 use ray_dashd_sdk::ModuleEnv;
 use ray_dashd_tls::RayTls;
 
-/// The routes this module serves.
+/// The job list's path.
 pub const JOBS_PATH: &str = "/api/jobs/";
+/// The cluster status's path.
+pub const CLUSTER_STATUS_PATH: &str = "/api/cluster_status";
 
 /// Command line of the Ray state module.
 #[derive(Debug, Clone, clap::Parser)]
@@ -42,8 +47,14 @@ pub struct Args {
     pub gcs_address: String,
     /// The socket of Ray's JobHead, which answers what this module
     /// declines.
+    /// Without it, the module does not serve the job list.
     #[arg(long)]
-    pub job_head_socket: PathBuf,
+    pub job_head_socket: Option<PathBuf>,
+    /// The socket of Ray's ReportHead, which answers the cluster status
+    /// this module declines. Without it, the module does not serve the
+    /// cluster status.
+    #[arg(long)]
+    pub report_head_socket: Option<PathBuf>,
     /// A runtime env field whose values Ray masks in answers to a browser
     /// (once per field; none: this Ray masks nothing).
     #[arg(long = "redact-field")]
@@ -74,8 +85,36 @@ pub enum StartupError {
 #[derive(Debug)]
 struct Shared {
     gcs: Gcs,
-    job_head: PathBuf,
+    job_head: Option<PathBuf>,
+    report_head: Option<PathBuf>,
+    /// `RAY_DASHBOARD_DEV=1`: Ray's envelope answers allow any origin.
+    dev: bool,
     redaction: Option<jobs::Redaction>,
+    /// The last reason logged for a forward, and when: the same reason is
+    /// logged again only after [`FORWARD_LOG_EVERY`] (a record that is
+    /// always declined would otherwise log a line per refresh).
+    last_forward: std::sync::Mutex<Option<(String, std::time::Instant)>>,
+}
+
+/// How often the same reason for a forward is logged again.
+const FORWARD_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Shared {
+    /// Logs why a route's answer goes to Ray's module, unless that reason
+    /// was logged within [`FORWARD_LOG_EVERY`].
+    fn log_forward(&self, path: &str, why: &NotBuilt) {
+        use ray_dashd_contract::LockExt;
+        let reason = format!("{path}: {why}");
+        let now = std::time::Instant::now();
+        let mut last = self.last_forward.locked();
+        let fresh = last.as_ref().is_some_and(|(logged, at)| {
+            *logged == reason && now.duration_since(*at) < FORWARD_LOG_EVERY
+        });
+        if !fresh {
+            tracing::info!(reason = %reason, "answer left to Ray's module");
+            *last = Some((reason, now));
+        }
+    }
 }
 
 /// Runs the module to its end; its exit status.
@@ -95,18 +134,27 @@ async fn serve(args: Args) -> Result<(), StartupError> {
     });
     tracing::info!(
         gcs = %args.gcs_address,
-        job_head = %args.job_head_socket.display(),
+        job_list = args.job_head_socket.is_some(),
+        cluster_status = args.report_head_socket.is_some(),
         redacts = redaction.is_some(),
-        "serving Ray's job list from the GCS"
+        "serving Ray's routes from the GCS"
     );
     let shared = Arc::new(Shared {
         gcs,
         job_head: args.job_head_socket,
+        report_head: args.report_head_socket,
+        dev: std::env::var("RAY_DASHBOARD_DEV").is_ok_and(|v| v == "1"),
         redaction,
+        last_forward: Default::default(),
     });
-    let router = Router::new()
-        .route(JOBS_PATH, get(list_jobs))
-        .with_state(shared);
+    let mut router = Router::new();
+    if shared.job_head.is_some() {
+        router = router.route(JOBS_PATH, get(list_jobs));
+    }
+    if shared.report_head.is_some() {
+        router = router.route(CLUSTER_STATUS_PATH, get(get_cluster_status));
+    }
+    let router = router.with_state(shared);
     let app = ray_dashd_sdk::with_healthz(router);
     ray_dashd_sdk::serve_router_until(&env, app, ray_dashd_sdk::shutdown_signal()?).await?;
     Ok(())
@@ -121,6 +169,8 @@ enum NotBuilt {
     Key,
     #[error(transparent)]
     Declined(#[from] jobs::Decline),
+    #[error(transparent)]
+    StatusDeclined(#[from] cluster_status::Decline),
 }
 
 /// `GET /api/jobs/`: the list from the GCS, or JobHead's.
@@ -136,8 +186,50 @@ async fn list_jobs(State(shared): State<Arc<Shared>>, request: Request<Body>) ->
         )
             .into_response(),
         Err(why) => {
-            tracing::info!(reason = %why, "job list left to JobHead");
-            fallback::forward(&shared.job_head, request).await
+            shared.log_forward(JOBS_PATH, &why);
+            fallback::forward(shared.job_head.as_deref(), request).await
+        }
+    }
+}
+
+/// `GET /api/cluster_status`: from the GCS's KV, or ReportHead's (always
+/// for `format=1`, the text Ray's own code formats).
+async fn get_cluster_status(State(shared): State<Arc<Shared>>, request: Request<Body>) -> Response {
+    if !cluster_status::answers(request.uri().query()) {
+        return fallback::forward(shared.report_head.as_deref(), request).await;
+    }
+    let gcs = &shared.gcs;
+    let got = async {
+        let (legacy, status, error) = tokio::try_join!(
+            gcs.kv_get(Vec::new(), cluster_status::LEGACY_KEY.to_vec()),
+            gcs.kv_get(Vec::new(), cluster_status::STATUS_KEY.to_vec()),
+            gcs.kv_get(Vec::new(), cluster_status::ERROR_KEY.to_vec()),
+        )?;
+        Ok::<_, NotBuilt>(cluster_status::answer(
+            legacy.as_deref(),
+            status.as_deref(),
+            error.as_deref(),
+        )?)
+    };
+    match got.await {
+        Ok(answer) => {
+            let body = serde_json::to_vec(&answer).expect("UNWRAP: a JSON value serializes");
+            let mut response = (
+                [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+                body,
+            )
+                .into_response();
+            if shared.dev {
+                response.headers_mut().insert(
+                    header::ACCESS_CONTROL_ALLOW_ORIGIN,
+                    header::HeaderValue::from_static("*"),
+                );
+            }
+            response
+        }
+        Err(why) => {
+            shared.log_forward(CLUSTER_STATUS_PATH, &why);
+            fallback::forward(shared.report_head.as_deref(), request).await
         }
     }
 }

@@ -27,6 +27,10 @@ use crate::auth::{Token, AUTHORIZATION};
 const GCS_NOT_FOUND: i32 = 17;
 /// Bound on one GCS call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest reply taken from the GCS: Ray's own limit
+/// (`max_grpc_message_size`, 512 MiB), not tonic's 4 MiB, which a job
+/// table or a KV read of a big cluster can pass.
+const MAX_REPLY_BYTES: usize = 512 << 20;
 
 /// Why a GCS client cannot be made.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +101,7 @@ impl Gcs {
 
     fn kv(&self) -> InternalKvGcsServiceClient<Channel> {
         InternalKvGcsServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_REPLY_BYTES)
     }
 
     /// The value of `key`, `None` when it is not there.
@@ -190,6 +195,7 @@ impl Gcs {
     /// the running-tasks flag (as Ray's job list asks for them).
     pub async fn all_jobs(&self) -> Result<Vec<JobTableData>, Status> {
         let reply = JobInfoGcsServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_REPLY_BYTES)
             .get_all_job_info(self.req(GetAllJobInfoRequest {
                 skip_submission_job_info_field: Some(true),
                 skip_is_running_tasks_field: Some(true),
@@ -284,6 +290,51 @@ mod tests {
             node_manager_address: format!("10.0.0.{port}"),
             ..Default::default()
         }
+    }
+
+    /// A GCS whose KV holds one value of `len` bytes at every key.
+    struct BigKv {
+        len: usize,
+    }
+
+    #[tonic::async_trait]
+    impl ray_proto::rpc::internal_kv_gcs_service_server::InternalKvGcsService for BigKv {
+        async fn internal_kv_get(
+            &self,
+            _request: Request<InternalKvGetRequest>,
+        ) -> Result<tonic::Response<ray_proto::rpc::InternalKvGetReply>, Status> {
+            Ok(tonic::Response::new(ray_proto::rpc::InternalKvGetReply {
+                value: vec![7; self.len],
+                ..Default::default()
+            }))
+        }
+    }
+
+    /// A value past tonic's default 4 MiB reply limit is read (Ray's GCS
+    /// sends up to 512 MiB): a big cluster's job records, a package.
+    #[tokio::test]
+    async fn a_reply_past_four_mib_is_taken() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address").to_string();
+        let len = 6 << 20;
+        let server = tonic::transport::Server::builder()
+            .add_service(
+                ray_proto::rpc::internal_kv_gcs_service_server::InternalKvGcsServiceServer::new(
+                    BigKv { len },
+                )
+                .max_encoding_message_size(MAX_REPLY_BYTES),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+        let serving = tokio::spawn(server);
+        let gcs = Gcs::new(&address, None, None).expect("client");
+        let value = gcs
+            .kv_get(b"ns".to_vec(), b"key".to_vec())
+            .await
+            .expect("a 6 MiB value");
+        assert_eq!(value.map(|v| v.len()), Some(len));
+        serving.abort();
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod cluster_status;
 pub mod fallback;
 pub mod jobs;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -90,10 +91,10 @@ struct Shared {
     /// `RAY_DASHBOARD_DEV=1`: Ray's envelope answers allow any origin.
     dev: bool,
     redaction: Option<jobs::Redaction>,
-    /// The last reason logged for a forward, and when: the same reason is
-    /// logged again only after [`FORWARD_LOG_EVERY`] (a record that is
-    /// always declined would otherwise log a line per refresh).
-    last_forward: std::sync::Mutex<Option<(String, std::time::Instant)>>,
+    /// By route, the last reason logged for a forward, and when: the same
+    /// reason is logged again only after [`FORWARD_LOG_EVERY`] (a record
+    /// that is always declined would otherwise log a line per refresh).
+    last_forward: std::sync::Mutex<HashMap<&'static str, (String, std::time::Instant)>>,
 }
 
 /// How often the same reason for a forward is logged again.
@@ -102,17 +103,17 @@ const FORWARD_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60
 impl Shared {
     /// Logs why a route's answer goes to Ray's module, unless that reason
     /// was logged within [`FORWARD_LOG_EVERY`].
-    fn log_forward(&self, path: &str, why: &NotBuilt) {
+    fn log_forward(&self, path: &'static str, why: &NotBuilt) {
         use ray_dashd_contract::LockExt;
-        let reason = format!("{path}: {why}");
+        let reason = why.to_string();
         let now = std::time::Instant::now();
         let mut last = self.last_forward.locked();
-        let fresh = last.as_ref().is_some_and(|(logged, at)| {
+        let fresh = last.get(path).is_some_and(|(logged, at)| {
             *logged == reason && now.duration_since(*at) < FORWARD_LOG_EVERY
         });
         if !fresh {
-            tracing::info!(reason = %reason, "answer left to Ray's module");
-            *last = Some((reason, now));
+            tracing::info!(path, reason = %reason, "answer left to Ray's module");
+            last.insert(path, (reason, now));
         }
     }
 }

@@ -132,6 +132,12 @@ pub enum Redaction {
     Unknown,
 }
 
+impl Redaction {
+    fn unknown() -> Redaction {
+        Redaction::Unknown
+    }
+}
+
 /// What `head_facts.py` prints, read with Ray's own helpers.
 #[derive(Deserialize)]
 struct HeadFacts {
@@ -152,7 +158,9 @@ struct HeadFacts {
     auth_token: Option<String>,
     usage_stats_enabled: bool,
     usage_stats_prompt_enabled: bool,
-    #[serde(default)]
+    /// Missing, the masking is unknown: no Ray state module, rather than
+    /// one that might show a browser what Ray would mask.
+    #[serde(default = "Redaction::unknown")]
     runtime_env_redaction: Redaction,
 }
 
@@ -855,6 +863,35 @@ fn run(mut command: Command, timeout: Duration) -> Result<String, RunError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `head_facts.py`'s word on masking is read as it says; without one,
+    /// the masking is unknown (and no Ray state module is hosted).
+    #[test]
+    fn the_masking_facts_are_read_and_fail_closed() {
+        let facts = |extra: &str| -> Redaction {
+            let text = format!(
+                r#"{{"ui_dir": "/x", "timezone": {{}}, "authentication_mode": "disabled",
+                "usage_stats_enabled": false, "usage_stats_prompt_enabled": false{extra}}}"#
+            );
+            serde_json::from_str::<HeadFacts>(&text)
+                .expect("facts")
+                .runtime_env_redaction
+        };
+        assert_eq!(facts(""), Redaction::Unknown);
+        assert_eq!(
+            facts(r#", "runtime_env_redaction": {"kind": "none"}"#),
+            Redaction::None
+        );
+        assert_eq!(
+            facts(
+                r#", "runtime_env_redaction": {"kind": "masks", "fields": ["env_vars"], "placeholder": "<redacted>"}"#
+            ),
+            Redaction::Masks {
+                fields: vec!["env_vars".to_owned()],
+                placeholder: "<redacted>".to_owned()
+            }
+        );
+    }
 
     /// The Ray Client proxy runs as `ray-dashd client-proxy` with the
     /// head's address and Python, Ray's token verdict in `RAY_AUTH_MODE`,

@@ -11,7 +11,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, jobs_listed_as_rays, ray_module_healthy, run_driver,
+    all_ray_modules_healthy, authed, ray_module_healthy, ray_state_answers_as_rays, run_driver,
     submit_six_times_seven, text, token, RayHead,
 };
 use crate::support::{client, dashd, Dashd};
@@ -232,7 +232,7 @@ async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
 
     // The job list from the GCS (the Ray state module) is Ray's: the
     // submitted job, and the client's driver.
-    let jobs = jobs_listed_as_rays(&d).await;
+    let jobs = ray_state_answers_as_rays(&d).await;
     for kind in ["SUBMISSION", "DRIVER"] {
         assert!(jobs.iter().any(|j| j["type"] == kind), "{kind}: {jobs:?}");
     }

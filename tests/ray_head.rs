@@ -13,8 +13,8 @@ use ray_dashd_contract::proc;
 use serde_json::Value;
 
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, clients, free_port, hosting, jobs_listed_as_rays,
-    ray_module_healthy, ray_python, submission_id, submit_six_times_seven, text, token, RayHead,
+    all_ray_modules_healthy, authed, clients, free_port, hosting, ray_module_healthy, ray_python,
+    ray_state_answers_as_rays, submission_id, submit_six_times_seven, text, token, RayHead,
     RAY_WAIT,
 };
 use crate::support::{dashd, eventually, file_with, kill, process_gone, Dashd};
@@ -360,7 +360,7 @@ async fn ray_cli_works_through_ray_dashd() {
     );
     // Those lists came from the GCS (the Ray state module), the same as
     // Ray's JobHead lists them.
-    let jobs = jobs_listed_as_rays(&d).await;
+    let jobs = ray_state_answers_as_rays(&d).await;
     assert!(
         jobs.iter().filter(|j| j["type"] == "SUBMISSION").count() >= 2,
         "{jobs:?}"

@@ -11,8 +11,8 @@
 use std::path::PathBuf;
 
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, free_port, hosting, jobs_listed_as_rays, ray_module_healthy,
-    ray_python, run_driver, text, RayHead,
+    all_ray_modules_healthy, authed, free_port, hosting, ray_module_healthy, ray_python,
+    ray_state_answers_as_rays, run_driver, text, RayHead,
 };
 
 /// The other release's Python. Missing, the test fails: a skipped run must
@@ -83,7 +83,7 @@ async fn another_ray_release_is_hosted() {
 
     // The job list from the GCS (the Ray state module) is Ray's: the
     // submitted job, and the client's driver.
-    let jobs = jobs_listed_as_rays(&d).await;
+    let jobs = ray_state_answers_as_rays(&d).await;
     for kind in ["SUBMISSION", "DRIVER"] {
         assert!(jobs.iter().any(|j| j["type"] == kind), "{kind}: {jobs:?}");
     }

@@ -12,8 +12,8 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, 
 
 use crate::support::eventually;
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, free_port, hosting, jobs_listed_as_rays, ray_module_healthy,
-    ray_python, run_driver, submit_six_times_seven, RayHead, RAY_WAIT,
+    all_ray_modules_healthy, authed, free_port, hosting, ray_module_healthy, ray_python,
+    ray_state_answers_as_rays, run_driver, submit_six_times_seven, RayHead, RAY_WAIT,
 };
 
 /// Writes a CA (`ca.crt`) and a certificate it signed for 127.0.0.1 and
@@ -112,7 +112,7 @@ async fn ray_dashd_serves_a_tls_cluster() {
 
     // The Ray state module reads the job list over the GCS's TLS: the
     // list is JobHead's, none of it forwarded.
-    let jobs = jobs_listed_as_rays(&d).await;
+    let jobs = ray_state_answers_as_rays(&d).await;
     for kind in ["SUBMISSION", "DRIVER"] {
         assert!(jobs.iter().any(|j| j["type"] == kind), "{kind}: {jobs:?}");
     }

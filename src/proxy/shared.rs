@@ -28,9 +28,9 @@
 //! that look like a browser's (by Ray's signs) and the others are answered
 //! apart: Ray's modules mask runtime-env secrets for browsers. A fetch is
 //! sent with the first client's headers, without `Accept-Encoding` (one
-//! identity answer serves every client of its kind); a client that accepts gzip gets
-//! a text or JSON answer of 1 KiB or more gzipped, compressed once per
-//! answer. Every response says how it was served in `x-dashd-shared`, and
+//! identity answer serves every client of its kind); a client that
+//! accepts gzip gets a text or JSON answer of 1 KiB or more gzipped,
+//! compressed once per answer. Every response says how it was served in `x-dashd-shared`, and
 //! its age in `Age` (RFC 9111 §5.1).
 //! No lock is held across an await.
 

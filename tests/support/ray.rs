@@ -707,7 +707,7 @@ pub async fn answered_as_rays(
 /// ([`answered_as_rays`]): `/api/jobs/` for the CLI and for a browser
 /// (whose secrets Ray 2.60 masks), `/api/cluster_status`; and the module
 /// left none of them to Ray's. Returns the job list (the browser's).
-pub async fn jobs_listed_as_rays(d: &Dashd) -> Vec<Value> {
+pub async fn ray_state_answers_as_rays(d: &Dashd) -> Vec<Value> {
     answered_as_rays(d, "/api/jobs/", "JobHead", &[]).await;
     let browser = [("origin", "http://elsewhere.example")];
     let listed = answered_as_rays(d, "/api/jobs/", "JobHead", &browser).await;

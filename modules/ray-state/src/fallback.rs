@@ -11,12 +11,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
 /// Sends `request` to the module listening on `socket`; its answer, or 502
-/// with the reason when it cannot be had. (A route is served only with its
-/// module's socket: `None` does not happen.)
-pub async fn forward(socket: Option<&Path>, request: Request<Body>) -> Response {
-    let Some(socket) = socket else {
-        return (StatusCode::BAD_GATEWAY, "no Ray module behind this route").into_response();
-    };
+/// with the reason when it cannot be had.
+pub async fn forward(socket: &Path, request: Request<Body>) -> Response {
     match send(socket, request).await {
         Ok(response) => response.map(Body::new),
         Err(why) => (

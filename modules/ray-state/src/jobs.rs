@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use ray_proto::rpc::JobTableData;
+use ray_proto::rpc::{JobConfig, JobTableData};
 use serde_json::{json, Map, Value};
 
 /// The KV namespace of the job API's records.
@@ -79,8 +79,9 @@ pub fn list(
     drivers.sort_by_cached_key(|d| hex(&d.job_id));
     let mut driver_jobs = Vec::new();
     let mut last_driver: HashMap<String, Value> = HashMap::new();
+    let no_config = JobConfig::default();
     for driver in &drivers {
-        let config = driver.config.clone().unwrap_or_default();
+        let config = driver.config.as_ref().unwrap_or(&no_config);
         if config.ray_namespace.starts_with(INTERNAL_NAMESPACE_PREFIX) {
             continue;
         }

@@ -20,7 +20,7 @@ pub mod fallback;
 pub mod jobs;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -82,12 +82,11 @@ pub enum StartupError {
     Gcs(#[from] ray_dashd_client_proxy::gcs::GcsError),
 }
 
-/// What the handlers share.
+/// What the handlers share. Each route's handler is also given the socket
+/// of the Ray module behind it.
 #[derive(Debug)]
 struct Shared {
     gcs: Gcs,
-    job_head: Option<PathBuf>,
-    report_head: Option<PathBuf>,
     /// `RAY_DASHBOARD_DEV=1`: Ray's envelope answers allow any origin.
     dev: bool,
     redaction: Option<jobs::Redaction>,
@@ -142,18 +141,24 @@ async fn serve(args: Args) -> Result<(), StartupError> {
     );
     let shared = Arc::new(Shared {
         gcs,
-        job_head: args.job_head_socket,
-        report_head: args.report_head_socket,
         dev: std::env::var("RAY_DASHBOARD_DEV").is_ok_and(|v| v == "1"),
         redaction,
         last_forward: Default::default(),
     });
     let mut router = Router::new();
-    if shared.job_head.is_some() {
-        router = router.route(JOBS_PATH, get(list_jobs));
+    if let Some(job_head) = args.job_head_socket {
+        let job_head = Arc::<Path>::from(job_head);
+        router = router.route(
+            JOBS_PATH,
+            get(move |State(shared), request| list_jobs(shared, job_head, request)),
+        );
     }
-    if shared.report_head.is_some() {
-        router = router.route(CLUSTER_STATUS_PATH, get(get_cluster_status));
+    if let Some(report_head) = args.report_head_socket {
+        let report_head = Arc::<Path>::from(report_head);
+        router = router.route(
+            CLUSTER_STATUS_PATH,
+            get(move |State(shared), request| get_cluster_status(shared, report_head, request)),
+        );
     }
     let router = router.with_state(shared);
     let app = ray_dashd_sdk::with_healthz(router);
@@ -174,30 +179,39 @@ enum NotBuilt {
     StatusDeclined(#[from] cluster_status::Decline),
 }
 
-/// `GET /api/jobs/`: the list from the GCS, or JobHead's.
-async fn list_jobs(State(shared): State<Arc<Shared>>, request: Request<Body>) -> Response {
+/// A JSON answer, with the type Ray's aiohttp gives it.
+fn json_response(body: Vec<u8>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /api/jobs/`: the list from the GCS, or JobHead's (at `job_head`).
+async fn list_jobs(shared: Arc<Shared>, job_head: Arc<Path>, request: Request<Body>) -> Response {
     let browser = ray_dashd_contract::browser::from_browser(|name| {
         request.headers().get(name).map(|v| v.as_bytes())
     });
     let redaction = shared.redaction.as_ref().filter(|_| browser);
     match build_jobs(&shared.gcs, redaction).await {
-        Ok(body) => (
-            [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
-            body,
-        )
-            .into_response(),
+        Ok(body) => json_response(body),
         Err(why) => {
             shared.log_forward(JOBS_PATH, &why);
-            fallback::forward(shared.job_head.as_deref(), request).await
+            fallback::forward(&job_head, request).await
         }
     }
 }
 
-/// `GET /api/cluster_status`: from the GCS's KV, or ReportHead's (always
-/// for `format=1`, the text Ray's own code formats).
-async fn get_cluster_status(State(shared): State<Arc<Shared>>, request: Request<Body>) -> Response {
+/// `GET /api/cluster_status`: from the GCS's KV, or ReportHead's (at
+/// `report_head`; always for `format=1`, the text Ray's own code formats).
+async fn get_cluster_status(
+    shared: Arc<Shared>,
+    report_head: Arc<Path>,
+    request: Request<Body>,
+) -> Response {
     if !cluster_status::answers(request.uri().query()) {
-        return fallback::forward(shared.report_head.as_deref(), request).await;
+        return fallback::forward(&report_head, request).await;
     }
     let gcs = &shared.gcs;
     let got = async {
@@ -215,11 +229,7 @@ async fn get_cluster_status(State(shared): State<Arc<Shared>>, request: Request<
     match got.await {
         Ok(answer) => {
             let body = serde_json::to_vec(&answer).expect("UNWRAP: a JSON value serializes");
-            let mut response = (
-                [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
-                body,
-            )
-                .into_response();
+            let mut response = json_response(body);
             if shared.dev {
                 response.headers_mut().insert(
                     header::ACCESS_CONTROL_ALLOW_ORIGIN,
@@ -230,7 +240,7 @@ async fn get_cluster_status(State(shared): State<Arc<Shared>>, request: Request<
         }
         Err(why) => {
             shared.log_forward(CLUSTER_STATUS_PATH, &why);
-            fallback::forward(shared.report_head.as_deref(), request).await
+            fallback::forward(&report_head, request).await
         }
     }
 }

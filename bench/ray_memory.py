@@ -195,9 +195,10 @@ def wait_healthy(base: str, names, at_least=None, deadline_secs=WAIT_SECS) -> li
 def one_run(args, head: Head, mode: str) -> dict:
     port = free_port()
     cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-    # Ray's modules only: not ray-dashd's built-in example and logs modules.
+    # Ray's modules only: not ray-dashd's built-in example and logs modules;
+    # all nine started at once (none on demand), as Ray starts them.
     cfg.write(f"builtin_modules = false\n[ray]\nmodules = \"on\"\npython = {json.dumps(args.python)}\n"
-              f"launch = \"{mode}\"\n")
+              f"launch = \"{mode}\"\non_demand = []\n")
     cfg.close()
     env = ray_env(os.path.dirname(args.python))
     env["RAY_DASHD_LOG"] = "warn"

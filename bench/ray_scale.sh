@@ -36,7 +36,7 @@ VENV=${BENCH_RAY_VENV:-$ROOT/target/test-venv}
 DASHD_BIN=${BENCH_DASHD_BIN:-$ROOT/target/release/ray-dashd}
 LOADGEN=${BENCH_LOADGEN:-$ROOT/target/release/ray-dashd-bench}
 BUILD=${BENCH_BUILD:-0}                   # 1: cargo build --release first
-MODULES=${BENCH_RAY_MODULES:-9}           # ray-dashd is ready when this many modules are healthy
+MODULES=${BENCH_RAY_MODULES:-9}           # ray-dashd is ready when this many modules are up (healthy, or dormant)
 DASHD_TOML=${BENCH_DASHD_TOML:-}          # extra lines for ray-dashd's config (after [ray])
 DASHD_ENV=${BENCH_DASHD_ENV:-}            # extra NAME=VALUE words for ray-dashd's environment
 ORDER=${BENCH_ORDER:-"ray dashd"}         # which dashboard goes first; dashd2..dashd9: variants of ray-dashd

@@ -122,6 +122,19 @@ pub enum CgroupMode {
     Off,
 }
 
+/// When a module's first incarnation starts (`modules[].start`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Start {
+    /// With the host (or the reload that adds it).
+    #[default]
+    AtLaunch,
+    /// When the first request for one of its routes arrives; that request
+    /// waits for it to be ready (at most `startup_timeout`). Once started,
+    /// it is supervised as any other and stays up.
+    OnDemand,
+}
+
 /// One module: how to start it, how to supervise it and which routes it serves.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModuleSpec {
@@ -137,6 +150,8 @@ pub struct ModuleSpec {
     pub routes: Vec<RouteSpec>,
     /// Health and restart settings.
     pub supervision: Supervision,
+    /// When its first incarnation starts.
+    pub start: Start,
 }
 
 /// Health, restart and connection settings of one module.

@@ -391,8 +391,8 @@ pub struct ModuleSample<'a> {
     pub name: &'a str,
     /// Its state's name (`healthy`, `backoff`, …), as the label shows it.
     pub state: &'static str,
-    /// Whether it is healthy (serving).
-    pub healthy: bool,
+    /// Whether its requests are served (it is healthy, or dormant).
+    pub up: bool,
     /// Incarnations started after the first.
     pub restarts: u32,
     /// The last successful health check's round trip.
@@ -447,7 +447,7 @@ impl Scrape<'_> {
             let labels = ModuleLabels {
                 module: m.name.to_owned(),
             };
-            up.get_or_create(&labels).set(i64::from(m.healthy));
+            up.get_or_create(&labels).set(i64::from(m.up));
             state
                 .get_or_create(&StateLabels {
                     module: m.name.to_owned(),
@@ -466,13 +466,14 @@ impl Scrape<'_> {
         }
         registry.register(
             "module_up",
-            "1 while the module is healthy (its requests are forwarded), else 0",
+            "1 while the module's requests are served: it is healthy, or dormant (started on \
+             demand, by the first); else 0",
             up,
         );
         registry.register(
             "module_state",
-            "1 for the state the module is in (starting, waiting, healthy, unhealthy, \
-             backoff, stopping, stopped)",
+            "1 for the state the module is in (dormant, starting, waiting, healthy, \
+             unhealthy, backoff, stopping, stopped)",
             state,
         );
         registry.register(
@@ -716,7 +717,7 @@ mod tests {
             modules: vec![ModuleSample {
                 name: "echo",
                 state: "backoff",
-                healthy: false,
+                up: false,
                 restarts: 2,
                 health_rtt: Some(Duration::from_millis(2)),
                 in_flight: 1,

@@ -26,7 +26,7 @@ use crate::connection::{Hold, PoolError, PooledBody};
 use crate::error::error_chain;
 use crate::metrics::OpenGuard;
 use crate::routes::{Lookup, RouteKind, RouteTable};
-use crate::supervisor::{Gate, ModuleHandle, NotReady};
+use crate::supervisor::{Gate, ModuleHandle};
 
 pub(crate) use body::CancelableBody;
 pub(crate) use client_socket::{Activity, Client, ClientSocket};
@@ -184,14 +184,10 @@ impl Proxy {
         request: Request<Body>,
         kind: RouteKind,
     ) -> Result<Response, ProxyError> {
-        let gate =
-            module
-                .admit()
-                .map_err(|NotReady { state, retry_after }| ProxyError::NotReady {
-                    module: module.name().to_owned(),
-                    state,
-                    retry_after,
-                })?;
+        let gate = module
+            .admit_or_start()
+            .await
+            .map_err(|why| ProxyError::not_ready(module, why))?;
         match kind {
             RouteKind::Websocket if websocket::is_upgrade(&request) => {
                 websocket::forward(module, gate, request, &self.settings).await

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 
 use crate::builtin;
 use crate::config::ray_settings::{RayLaunch, RayModules, RayPython, RaySettings};
-use crate::config::{Config, ModuleSpec, Supervision};
+use crate::config::{Config, ModuleSpec, Start, Supervision};
 use crate::error::StartupError;
 use crate::routes::{RouteKind, RouteSpec};
 use crate::session::Session;
@@ -466,6 +466,20 @@ fn read_head(
     })
 }
 
+/// Has those of Ray's `modules` that `names` lists start on demand (never
+/// the zygote, which the others are forked from); returns their names (a
+/// release without one of them is not an error).
+fn start_on_demand(modules: &mut [ModuleSpec], names: &[String]) -> Vec<String> {
+    let mut started = Vec::new();
+    for module in modules {
+        if names.contains(&module.name) && module.name != ZYGOTE_MODULE {
+            module.start = Start::OnDemand;
+            started.push(module.name.clone());
+        }
+    }
+    started
+}
+
 /// Adds Ray's modules as `read` found them to `config` (with `[ray]`'s
 /// memory budget and shared answers), and the Ray Client proxy unless
 /// `[ray] client_port` is 0.
@@ -491,6 +505,7 @@ fn host_modules(
             module.supervision.memory_budget = Some(budget);
         }
     }
+    let on_demand = start_on_demand(&mut config.modules[before..], &settings.on_demand);
     let shared = shared_routes::mark(&mut config.modules[before..], settings.cache);
     let supervision = Supervision {
         memory_budget: settings
@@ -530,6 +545,7 @@ fn host_modules(
         token_auth = parent.token.is_some(),
         tls = tls.is_some(),
         shared_routes = shared,
+        ?on_demand,
         "hosting Ray's dashboard modules"
     );
     if settings.client_port != 0 {
@@ -731,6 +747,7 @@ fn client_proxy_spec(
             cache: None,
         }],
         supervision,
+        start: Start::AtLaunch,
     }
 }
 

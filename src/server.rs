@@ -427,6 +427,7 @@ mod tests {
                 cache: None,
             }],
             supervision: Supervision::default(),
+            start: Default::default(),
         };
         let config = Config::builtin(&Cli::parse_from(["ray-dashd"])).expect("config");
         let supervisor = Arc::new(Supervisor::start(

@@ -40,12 +40,12 @@ use std::time::{Duration, SystemTime};
 
 use ray_dashd_contract::{LockExt, RwLockExt};
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::config::ModuleSpec;
+use crate::config::{ModuleSpec, Start};
 use crate::connection::ConnectionStats;
 use crate::metrics::{Metrics, ModuleMetrics};
 use crate::session::Session;
@@ -74,13 +74,49 @@ pub(crate) struct ModuleShared {
     stopped: CancellationToken,
     /// Its series, which the proxy records into.
     pub(crate) metrics: ModuleMetrics,
+    /// Starts a dormant module (one started on demand): a request for one
+    /// of its routes has come.
+    wake: Notify,
+    /// Notified whenever the state changes, for requests that wait for a
+    /// module started on demand to be ready.
+    changed: Notify,
 }
 
 impl ModuleShared {
+    pub(crate) fn new(
+        spec: ModuleSpec,
+        socket: PathBuf,
+        controls: mpsc::Sender<Control>,
+        shutdown: CancellationToken,
+        stopped: CancellationToken,
+        metrics: ModuleMetrics,
+    ) -> ModuleShared {
+        ModuleShared {
+            name: Arc::from(spec.name.as_str()),
+            spec,
+            socket,
+            status: Mutex::new(Status::default()),
+            controls,
+            shutdown,
+            stopped,
+            metrics,
+            wake: Notify::new(),
+            changed: Notify::new(),
+        }
+    }
+
     /// Runs `f` on the status. The lock is never held across an await.
     pub(crate) fn update<R>(&self, f: impl FnOnce(&mut Status) -> R) -> R {
-        let mut status = self.status.locked();
-        f(&mut status)
+        let (result, changed) = {
+            let mut status = self.status.locked();
+            let before = status.state;
+            let result = f(&mut status);
+            (result, status.state != before)
+        };
+        if changed {
+            self.changed.notify_waiters();
+        }
+        result
     }
 }
 
@@ -120,6 +156,38 @@ impl ModuleHandle {
     /// incarnation it stops is.
     pub(crate) fn shutdown_token(&self) -> &CancellationToken {
         &self.shared.shutdown
+    }
+
+    /// Lets a request through to the healthy incarnation, first starting
+    /// a module started on demand and waiting while it starts (at most its
+    /// `startup_timeout`); else as [`ModuleHandle::admit`].
+    pub(crate) async fn admit_or_start(&self) -> Result<Gate, NotReady> {
+        if self.shared.spec.start != Start::OnDemand {
+            return self.admit();
+        }
+        let deadline = tokio::time::Instant::now() + self.shared.spec.supervision.startup_timeout;
+        loop {
+            // Registered before the state is read, so that no change
+            // between the two is missed.
+            let changed = self.shared.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.admit() {
+                Ok(gate) => return Ok(gate),
+                Err(NotReady {
+                    state: ModuleState::Dormant,
+                    ..
+                }) => self.shared.wake.notify_one(),
+                Err(NotReady {
+                    state: ModuleState::Starting,
+                    ..
+                }) => {}
+                Err(not_ready) => return Err(not_ready),
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.admit();
+            }
+        }
     }
 
     /// Lets a request through to the healthy incarnation, or says why not.
@@ -440,16 +508,14 @@ impl Supervisor {
         let socket = self.session.socket_path(&spec.name);
         let shutdown = self.stop.child_token();
         let stopped = CancellationToken::new();
-        let shared = Arc::new(ModuleShared {
-            spec: spec.clone(),
-            name: Arc::from(spec.name.as_str()),
+        let shared = Arc::new(ModuleShared::new(
+            spec.clone(),
             socket,
-            status: Mutex::new(Status::default()),
-            controls: controls_tx,
-            shutdown: shutdown.clone(),
-            stopped: stopped.clone(),
-            metrics: self.metrics.module(&spec.name, &spec.routes),
-        });
+            controls_tx,
+            shutdown.clone(),
+            stopped.clone(),
+            self.metrics.module(&spec.name, &spec.routes),
+        ));
         let task = ModuleTask {
             spawner: spawn::Processes,
             shared: Arc::clone(&shared),

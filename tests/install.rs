@@ -11,7 +11,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, ray_module_healthy, ray_state_answers_as_rays, run_driver,
+    all_ray_modules_up, authed, ray_module_healthy, ray_state_answers_as_rays, run_driver,
     submit_six_times_seven, text, token, RayHead,
 };
 use crate::support::{client, dashd, Dashd};
@@ -175,7 +175,7 @@ async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
         .env("RAY_AUTH_MODE", "token")
         .env("RAY_AUTH_TOKEN", &token())
         .start();
-    let modules = all_ray_modules_healthy(&d).await;
+    let modules = all_ray_modules_up(&d).await;
     let report = |name: &str| -> Value {
         modules
             .iter()

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::support::eventually;
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, free_port, hosting, ray_python, text, RayHead, RAY_WAIT,
+    all_ray_modules_up, authed, free_port, hosting, ray_python, text, RayHead, RAY_WAIT,
 };
 
 /// A custom resource only the worker node has, to pin a task to it.
@@ -31,7 +31,7 @@ async fn a_second_node_is_seen_and_used_through_ray_dashd() {
     let resources = format!("--resources={{\"{WORKER_RESOURCE}\": 1}}");
     let worker = RayHead::join(&head, &python, &[&resources]);
     let d = hosting(&head, &python, free_port(), "").start();
-    all_ray_modules_healthy(&d).await;
+    all_ray_modules_up(&d).await;
     let address = d.url("");
 
     // Both nodes alive, as the state API and the UI's node view see them.

@@ -13,9 +13,9 @@ use ray_dashd_contract::proc;
 use serde_json::Value;
 
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, clients, free_port, hosting, ray_module_healthy, ray_python,
-    ray_state_answers_as_rays, submission_id, submit_six_times_seven, text, token, RayHead,
-    RAY_WAIT,
+    all_ray_modules_healthy, all_ray_modules_up, authed, clients, free_port, hosting,
+    on_demand_modules_start_when_asked, ray_module_healthy, ray_python, ray_state_answers_as_rays,
+    submission_id, submit_six_times_seven, text, token, RayHead, RAY_WAIT,
 };
 use crate::support::{dashd, eventually, file_with, kill, process_gone, Dashd};
 
@@ -63,7 +63,8 @@ fn stat_fields() -> Vec<Stat> {
 
 /// On a head started with `--include-dashboard=false` (and Ray's token
 /// authentication on), ray-dashd hosts Ray's
-/// nine modules; `ray job submit` (whose log tail is the websocket route, and
+/// nine modules (those started on demand dormant until a request for one
+/// of their routes starts them); `ray job submit` (whose log tail is the websocket route, and
 /// with `--working-dir` the package upload), `ray job logs --follow` of a
 /// running job, `ray job list`, `status`, `stop` and `delete`, `ray summary
 /// tasks`, `ray list nodes` and `ray logs` (found through the GCS key
@@ -86,7 +87,9 @@ async fn ray_cli_works_through_ray_dashd() {
         &format!("gcs_gone_secs = {GCS_GONE_SECS}\n"),
     )
     .start();
-    all_ray_modules_healthy(&d).await;
+    all_ray_modules_up(&d).await;
+    // Those started on demand start when asked (forked from the zygote).
+    on_demand_modules_start_when_asked(&d).await;
     // The zygote the host started before its supervisor (it reads Ray's
     // route table from it) is the one the supervisor keeps: incarnation 0,
     // preloaded once.

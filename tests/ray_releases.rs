@@ -11,8 +11,8 @@
 use std::path::PathBuf;
 
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, free_port, hosting, ray_module_healthy, ray_python,
-    ray_state_answers_as_rays, run_driver, text, RayHead,
+    all_ray_modules_up, authed, free_port, hosting, on_demand_modules_start_when_asked,
+    ray_module_healthy, ray_python, ray_state_answers_as_rays, run_driver, text, RayHead,
 };
 
 /// The other release's Python. Missing, the test fails: a skipped run must
@@ -29,7 +29,8 @@ async fn another_ray_release_is_hosted() {
     let head = RayHead::start(&python);
     let client_port = free_port();
     let d = hosting(&head, &python, client_port, "").start();
-    all_ray_modules_healthy(&d).await;
+    all_ray_modules_up(&d).await;
+    on_demand_modules_start_when_asked(&d).await;
     let address = d.url("");
 
     // `ray job submit` waits for the job, tailing its logs over JobHead's

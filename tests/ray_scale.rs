@@ -20,8 +20,8 @@ use serde_json::Value;
 
 use crate::support::eventually;
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, free_port, hosting, json_of, ray_python, run_bounded, text,
-    token, RayHead, RAY_WAIT,
+    all_ray_modules_up, authed, free_port, hosting, json_of, ray_python, run_bounded, text, token,
+    RayHead, RAY_WAIT,
 };
 
 const NODES: usize = 200;
@@ -218,7 +218,7 @@ async fn a_synthetic_big_cluster_is_answered_as_rays_own_dashboard_answers() {
     let ray_base = format!("http://127.0.0.1:{ray_port}");
     let _ray = rays_dashboard.start(&dir.join("ray-dashboard.log"), dir);
     let d = hosting(&head, &python, 0, "memory_budget_mib = 4096\n").start();
-    all_ray_modules_healthy(&d).await;
+    all_ray_modules_up(&d).await;
     let dashd_base = d.url("").trim_end_matches('/').to_owned();
     for base in [&ray_base, &dashd_base] {
         ready(base).await;

@@ -12,7 +12,7 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, 
 
 use crate::support::eventually;
 use crate::support::ray::{
-    all_ray_modules_healthy, authed, free_port, hosting, ray_module_healthy, ray_python,
+    all_ray_modules_up, authed, free_port, hosting, ray_module_healthy, ray_python,
     ray_state_answers_as_rays, run_driver, submit_six_times_seven, RayHead, RAY_WAIT,
 };
 
@@ -64,7 +64,7 @@ async fn ray_dashd_serves_a_tls_cluster() {
         builder = builder.env(key, value);
     }
     let d = builder.start();
-    all_ray_modules_healthy(&d).await;
+    all_ray_modules_up(&d).await;
 
     // The host's own GCS connection: its check succeeds only over TLS.
     let gcs_alive = eventually(RAY_WAIT, || async {

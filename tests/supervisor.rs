@@ -302,6 +302,71 @@ async fn starting_module_does_not_stall_others() {
     assert_eq!(late.status(), 503);
 }
 
+/// A module started on demand has no process until a request for one of
+/// its routes comes; that request, and one sent while it starts, are
+/// answered by it, and it stays up. A shared (`cache_secs`) route starts
+/// it too; a request to another module meanwhile is not held up.
+#[tokio::test]
+async fn a_module_started_on_demand_starts_at_its_first_request() {
+    let d = dashd()
+        .module(
+            test_module("lazy")
+                .routes(&[("GET", "/test/info", "http")])
+                .on_demand(),
+        )
+        .module(
+            test_module("lazy_shared")
+                .routes(&[("GET", "/test/count", "http")])
+                .cached("/test/count", "1")
+                .on_demand(),
+        )
+        .module(test_module("eager").routes(&[("GET", "/test/hop", "http")]))
+        .start();
+    d.healthy("eager", 0).await;
+    for name in ["lazy", "lazy_shared"] {
+        let report = d.module(name).await;
+        assert_eq!(report["state"], "dormant", "{report:#}");
+        assert!(report["pid"].is_null(), "{report:#}");
+    }
+    let eager = client()
+        .get(d.url("/test/hop"))
+        .send()
+        .await
+        .expect("eager");
+    assert_eq!(eager.status(), 200);
+    // Still dormant: a request to another module wakes nothing.
+    assert_eq!(d.module("lazy").await["state"], "dormant");
+
+    let asks: Vec<_> = (0..2)
+        .map(|_| {
+            let url = d.url("/test/info");
+            tokio::spawn(async move { client().get(url).send().await.expect("info") })
+        })
+        .collect();
+    for ask in asks {
+        let answer = ask.await.expect("task");
+        assert_eq!(answer.status(), 200);
+        let info: Value = answer.json().await.expect("json");
+        assert_eq!(info["incarnation"], 0, "{info}");
+    }
+    let report = d.healthy("lazy", 0).await;
+    let kinds: Vec<&str> = report["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert_eq!(kinds[..2], ["dormant", "woken"], "{report:#}");
+
+    let shared = client()
+        .get(d.url("/test/count"))
+        .send()
+        .await
+        .expect("shared");
+    assert_eq!(shared.status(), 200);
+    d.healthy("lazy_shared", 0).await;
+}
+
 /// `POST /api/modules/<name>/restart` starts a new incarnation.
 #[tokio::test]
 async fn restart_api_starts_new_incarnation() {

@@ -62,6 +62,8 @@ pub struct ModuleDef {
     supervision: Vec<(String, String)>,
     /// Routes (by path) with a `cache_secs`.
     cached: Vec<(String, String)>,
+    /// Its `start` (a TOML value), when set.
+    start: Option<String>,
 }
 
 /// The test module under `name`, serving every test route under `prefix`
@@ -77,6 +79,7 @@ pub fn test_module(name: &str) -> ModuleDef {
             .collect(),
         supervision: vec![],
         cached: vec![],
+        start: None,
     }
 }
 
@@ -89,6 +92,7 @@ pub fn command_module(name: &str, command: &[&str]) -> ModuleDef {
         routes: vec![],
         supervision: vec![],
         cached: vec![],
+        start: None,
     }
 }
 
@@ -111,6 +115,12 @@ impl ModuleDef {
     /// Gives the route with `path` a `cache_secs` (a TOML value).
     pub fn cached(mut self, path: &str, secs: &str) -> Self {
         self.cached.push((path.into(), secs.into()));
+        self
+    }
+
+    /// Starts it on demand: at the first request for one of its routes.
+    pub fn on_demand(mut self) -> Self {
+        self.start = Some("\"on_demand\"".to_owned());
         self
     }
 
@@ -140,6 +150,9 @@ impl ModuleDef {
                 .map(|(k, v)| format!("{k} = {v}"))
                 .collect();
             t += &format!("supervision = {{ {} }}\n", s.join(", "));
+        }
+        if let Some(start) = &self.start {
+            t += &format!("start = {start}\n");
         }
         t += "routes = [\n";
         for (m, p, k) in &self.routes {

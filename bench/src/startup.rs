@@ -43,8 +43,8 @@ struct ModulesReady {
     restarts: u64,
 }
 
-/// Whether `/api/modules` lists at least `min` modules, all healthy; or
-/// what is not yet.
+/// Whether `/api/modules` lists at least `min` modules, all up (healthy,
+/// or dormant: started on demand, not asked for yet); or what is not yet.
 async fn modules_ready(target: &Target, min: usize) -> Result<ModulesReady, String> {
     let (status, body) = net::get_once(target, "/api/modules")
         .await
@@ -56,14 +56,14 @@ async fn modules_ready(target: &Target, min: usize) -> Result<ModulesReady, Stri
         serde_json::from_slice(&body).map_err(|e| format!("/api/modules: {e}"))?;
     let not_healthy: Vec<String> = list
         .iter()
-        .filter(|m| m["state"] != "healthy")
+        .filter(|m| m["state"] != "healthy" && m["state"] != "dormant")
         .map(|m| format!("{} {}", m["name"], m["state"]))
         .collect();
     if list.len() < min {
         return Err(format!("{} modules listed, {min} expected", list.len()));
     }
     if !not_healthy.is_empty() {
-        return Err(format!("not healthy: {}", not_healthy.join(", ")));
+        return Err(format!("not up: {}", not_healthy.join(", ")));
     }
     Ok(ModulesReady {
         first_started_at_ms: list

@@ -49,7 +49,7 @@ fn module_lines(module: &RawModule) -> String {
     let value = toml::Value::try_from(module).expect("UNWRAP: a module is plain TOML data");
     let table = value.as_table().expect("UNWRAP: a module is a table");
     let mut text = String::new();
-    for key in ["name", "command", "env", "supervision"] {
+    for key in ["name", "command", "env", "supervision", "start"] {
         if let Some(value) = table.get(key) {
             text.push_str(&format!("{key} = {value}\n"));
         }
@@ -142,6 +142,7 @@ fn ray(config: &Config) -> RawRay {
         memory_budget_mib: r.memory_budget.map(|bytes| bytes / (1024 * 1024)),
         cache_secs: Some(r.cache.map_or(0.0, |d| d.as_secs_f64())),
         native_routes: Some(r.native_routes),
+        on_demand: Some(r.on_demand.clone()),
     }
 }
 
@@ -153,6 +154,7 @@ fn module(m: &ModuleSpec, defaults: &Supervision) -> RawModule {
             .collect(),
         env: m.env.clone(),
         supervision: supervision(&m.supervision, Some(defaults)),
+        start: m.start,
         routes: m
             .routes
             .iter()

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::ray_settings::{RayLaunch, RayModules};
-use super::CgroupMode;
+use super::{CgroupMode, Start};
 use crate::error::ConfigError;
 use crate::routes::RouteKind;
 
@@ -49,6 +49,8 @@ pub(super) struct RawRay {
     pub(super) cache_secs: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) native_routes: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) on_demand: Option<Vec<String>>,
 }
 
 /// Only modules: what `routes.py` generates for Ray's modules.
@@ -146,8 +148,14 @@ pub(super) struct RawModule {
     pub(super) env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "RawSupervision::is_empty")]
     pub(super) supervision: RawSupervision,
+    #[serde(default, skip_serializing_if = "is_at_launch")]
+    pub(super) start: Start,
     #[serde(default)]
     pub(super) routes: Vec<RawRoute>,
+}
+
+fn is_at_launch(start: &Start) -> bool {
+    *start == Start::AtLaunch
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -260,6 +268,7 @@ impl RawRay {
             memory_budget_mib: over.memory_budget_mib.or(self.memory_budget_mib),
             cache_secs: over.cache_secs.or(self.cache_secs),
             native_routes: over.native_routes.or(self.native_routes),
+            on_demand: over.on_demand.clone().or(self.on_demand),
         }
     }
 }

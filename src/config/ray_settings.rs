@@ -16,6 +16,11 @@ pub const GCS_GONE_AFTER: Duration = Duration::from_secs(60);
 /// already shows.
 pub const DEFAULT_CACHE: Duration = Duration::from_secs(2);
 
+/// Default of `[ray] on_demand`: Ray's modules that do nothing until asked
+/// (no background task, no file written at start; checked in Ray 2.45 and
+/// 2.60's sources), started by the first request for one of their routes.
+pub const DEFAULT_ON_DEMAND: [&str; 3] = ["DataHead", "ServeHead", "TrainHead"];
+
 /// The port Ray clients connect to (`ray://head:10001`).
 pub const DEFAULT_CLIENT_PORT: u16 = 10001;
 
@@ -70,6 +75,10 @@ pub struct RaySettings {
     /// Whether the Ray state module (`modules/ray-state`) answers the
     /// routes it can build from the GCS in place of Ray's modules.
     pub native_routes: bool,
+    /// Ray's modules (by class name) started by the first request for one
+    /// of their routes rather than with the host; names the installed Ray
+    /// does not have are left alone.
+    pub on_demand: Vec<String>,
 }
 
 impl Default for RaySettings {
@@ -83,6 +92,7 @@ impl Default for RaySettings {
             memory_budget: None,
             cache: Some(DEFAULT_CACHE),
             native_routes: true,
+            on_demand: DEFAULT_ON_DEMAND.map(String::from).to_vec(),
         }
     }
 }

@@ -181,6 +181,7 @@ fn added_module_values_are_checked_like_the_files_modules() {
             cache: None,
         }],
         supervision: Supervision::default(),
+        start: Default::default(),
     };
     for (module, problem) in [
         (
@@ -543,6 +544,37 @@ fn ray_settings_default_to_auto_with_no_python_named() {
     assert!(load("[ray]\nlaunch = \"spawn\"\n").is_err());
 }
 
+/// `[ray] on_demand` names modules (Ray's three idle ones unless set; `[]`
+/// none), each once; a module's `start` is at launch unless it says.
+#[test]
+fn modules_started_on_demand_are_named_and_checked() {
+    let c = load("").expect("valid");
+    assert_eq!(c.ray.on_demand, ["DataHead", "ServeHead", "TrainHead"]);
+    assert!(c.modules.iter().all(|m| m.start == Start::AtLaunch));
+    let c = load("[ray]\non_demand = []\n").expect("valid");
+    assert!(c.ray.on_demand.is_empty());
+    for (text, problem) in [
+        (
+            "[ray]\non_demand = [\"Serve Head\"]\n",
+            "ray.on_demand[0]: \"Serve Head\" must match [A-Za-z0-9_-]+",
+        ),
+        (
+            "[ray]\non_demand = [\"DataHead\", \"DataHead\"]\n",
+            "ray.on_demand[1]: \"DataHead\" is named twice",
+        ),
+    ] {
+        let msg = load(text).expect_err(text).to_string();
+        assert_eq!(msg, format!("config test.toml: {problem}"));
+    }
+    let module = "[[modules]]\nname = \"m\"\ncommand = [\"x\"]\n";
+    let c = load(&format!("{module}start = \"on_demand\"\n")).expect("valid");
+    assert_eq!(c.modules[0].start, Start::OnDemand);
+    let msg = load(&format!("{module}start = \"later\"\n"))
+        .expect_err("unknown")
+        .to_string();
+    assert!(msg.contains("modules") && msg.contains("later"), "{msg}");
+}
+
 /// `--ray-python` (or its variable) wins over `[ray] python`, and an
 /// empty name is refused naming the field.
 #[test]
@@ -662,8 +694,10 @@ max_queued_requests = 0
 [ray]
 modules = "off"
 client_port = 0
+on_demand = ["ServeHead"]
 [[modules]]
 name = "a"
+start = "on_demand"
 command = ["prog", "--flag", "with \"quotes\""]
 env = { B = "2", A = "x=y" }
 supervision = { health_timeout_secs = 0.25, failure_threshold = 5, max_connections = 2 }

@@ -10,7 +10,8 @@ use http::Method;
 use super::hosts::{allowed_host, allowed_origin};
 use super::raw::{RawConfig, RawModule, RawSupervision};
 use super::ray_settings::{
-    PythonSource, RayPython, RaySettings, DEFAULT_CACHE, DEFAULT_CLIENT_PORT, GCS_GONE_AFTER,
+    PythonSource, RayPython, RaySettings, DEFAULT_CACHE, DEFAULT_CLIENT_PORT, DEFAULT_ON_DEMAND,
+    GCS_GONE_AFTER,
 };
 use super::{
     Config, ModuleSpec, Rotation, ServerSettings, Supervision, TlsFiles, DEFAULT_BACKUP_COUNT,
@@ -166,6 +167,7 @@ impl Validator<'_> {
                     }
                 },
                 native_routes: raw.ray.native_routes.unwrap_or(true),
+                on_demand: self.on_demand(raw.ray.on_demand)?,
             },
         })
     }
@@ -256,6 +258,23 @@ impl Validator<'_> {
         }
     }
 
+    /// `[ray] on_demand`: module names, each once.
+    fn on_demand(&self, names: Option<Vec<String>>) -> Result<Vec<String>, ConfigError> {
+        let Some(names) = names else {
+            return Ok(DEFAULT_ON_DEMAND.map(String::from).to_vec());
+        };
+        for (i, name) in names.iter().enumerate() {
+            let field = format!("ray.on_demand[{i}]");
+            if !is_module_name(name) {
+                return Err(self.invalid(field, format!("{name:?} must match [A-Za-z0-9_-]+")));
+            }
+            if names[..i].contains(name) {
+                return Err(self.invalid(field, format!("{name:?} is named twice")));
+            }
+        }
+        Ok(names)
+    }
+
     /// Validates `raw` modules, which come after `existing` ones.
     pub(super) fn modules(
         &self,
@@ -296,6 +315,7 @@ impl Validator<'_> {
                 env: m.env,
                 routes,
                 supervision,
+                start: m.start,
             });
         }
 
@@ -334,11 +354,7 @@ impl Validator<'_> {
         i: usize,
         name: &str,
     ) -> Result<(), ConfigError> {
-        if name.is_empty()
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
+        if !is_module_name(name) {
             return Err(self.invalid(
                 format!("{at}.name"),
                 format!("{name:?} must match [A-Za-z0-9_-]+"),
@@ -786,4 +802,12 @@ pub(super) fn check_pattern(path: &str) -> Result<(), PatternError> {
         }
     }
     Ok(())
+}
+
+/// Whether `name` can name a module (and so its socket, `dash_<name>`).
+fn is_module_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }

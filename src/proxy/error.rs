@@ -8,7 +8,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::error_chain;
-use crate::supervisor::ModuleState;
+use crate::supervisor::{ModuleHandle, ModuleState, NotReady};
 
 /// What a 503 for a module whose connections and queue are all taken asks
 /// the client to wait: a queue drains in well under a second when the
@@ -115,6 +115,14 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// Why `module` let nothing through (see [`ModuleHandle::admit`]).
+    pub(crate) fn not_ready(module: &ModuleHandle, why: NotReady) -> ProxyError {
+        ProxyError::NotReady {
+            module: module.name().to_owned(),
+            state: why.state,
+            retry_after: why.retry_after,
+        }
+    }
     /// The status the client is answered with.
     pub(crate) fn status(&self) -> StatusCode {
         match self {

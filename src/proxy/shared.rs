@@ -53,7 +53,7 @@ use super::headers::{from_browser, tokens};
 use super::{send, upstream_request, ProxyError, UpstreamFailure};
 use crate::config::ServerSettings;
 use crate::connection::Hold;
-use crate::supervisor::{ModuleHandle, NotReady};
+use crate::supervisor::ModuleHandle;
 
 /// The largest answer kept; a larger one goes to the client that fetched it
 /// as it streams, and every other client asks the module itself.
@@ -448,12 +448,9 @@ async fn fetch(
     settings: &ServerSettings,
 ) -> Result<(Arc<Answer>, Option<Response>), ProxyError> {
     let gate = module
-        .admit()
-        .map_err(|NotReady { state, retry_after }| ProxyError::NotReady {
-            module: module.name().to_owned(),
-            state,
-            retry_after,
-        })?;
+        .admit_or_start()
+        .await
+        .map_err(|why| ProxyError::not_ready(module, why))?;
     let mut parts = parts.clone();
     parts.method = Method::GET;
     // One identity answer, whole, for every client: none of the first

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use crate::builtin;
-use crate::config::{ModuleSpec, Supervision};
+use crate::config::{ModuleSpec, Start, Supervision};
 
 use super::Redaction;
 
@@ -73,10 +73,13 @@ pub fn take_routes(
         Redaction::Unknown => return Err(Skipped::UnknownRedaction),
     }
     // A route a release's module lacks is left out; the others are taken.
+    // So is the route of a module started on demand: the Ray state module
+    // forwards what it declines to the module's socket, which is not
+    // there until something starts it.
     let mut routes = Vec::new();
     for (class, path, flag) in TAKEN {
         let at = modules.iter().enumerate().find_map(|(m, spec)| {
-            (spec.name == *class)
+            (spec.name == *class && spec.start == Start::AtLaunch)
                 .then(|| {
                     spec.routes.iter().position(|r| {
                         r.method == http::Method::GET
@@ -109,6 +112,7 @@ pub fn take_routes(
         env: [("RAY_AUTH_MODE".to_owned(), mode.to_owned())].into(),
         routes,
         supervision,
+        start: Start::AtLaunch,
     })
 }
 
@@ -136,6 +140,7 @@ mod tests {
             env: Default::default(),
             routes,
             supervision: Supervision::default(),
+            start: Start::AtLaunch,
         }
     }
 
@@ -229,6 +234,20 @@ mod tests {
         .expect("the job list alone");
         assert_eq!(spec.routes.len(), 1);
         assert!(!spec.args.iter().any(|a| a == "--report-head-socket"));
+        // Nor a route of a module started on demand: its socket may not be
+        // there for what the Ray state module declines.
+        let mut modules = ray_modules();
+        modules[0].start = Start::OnDemand;
+        let spec = take_routes(
+            &mut modules,
+            &launch(&Redaction::None),
+            Supervision::default(),
+        )
+        .expect("the status alone");
+        assert_eq!(spec.routes[0].path, "/api/cluster_status");
+        assert_eq!(spec.routes.len(), 1);
+        assert_eq!(modules[0].routes.len(), 2);
+        assert!(!spec.args.iter().any(|a| a == "--job-head-socket"));
         let mut none: Vec<ModuleSpec> = Vec::new();
         assert_eq!(
             take_routes(&mut none, &launch(&Redaction::None), Supervision::default())

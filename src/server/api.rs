@@ -57,7 +57,12 @@ async fn metrics(State(state): State<AppState>, headers: http::HeaderMap) -> imp
             .map(|(report, in_flight)| crate::metrics::ModuleSample {
                 name: &report.name,
                 state: report.state.as_str(),
-                healthy: report.state == crate::supervisor::ModuleState::Healthy,
+                // A dormant module serves too: its first request starts it.
+                up: matches!(
+                    report.state,
+                    crate::supervisor::ModuleState::Healthy
+                        | crate::supervisor::ModuleState::Dormant
+                ),
                 restarts: report.restarts,
                 health_rtt: report.last_health_rtt_us.map(Duration::from_micros),
                 in_flight: *in_flight,

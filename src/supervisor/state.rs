@@ -16,6 +16,9 @@ const EVENT_HISTORY: usize = 32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModuleState {
+    /// Started on demand and not asked for yet: no process runs; the first
+    /// request for one of its routes starts it.
+    Dormant,
     /// A new incarnation is spawned and not yet answering `/api/healthz`.
     Starting,
     /// Alive, but not ready for a reason outside it (its `/api/healthz`
@@ -39,6 +42,7 @@ impl ModuleState {
     /// The lowercase name used in responses and logs.
     pub fn as_str(self) -> &'static str {
         match self {
+            ModuleState::Dormant => "dormant",
             ModuleState::Starting => "starting",
             ModuleState::Waiting => "waiting",
             ModuleState::Healthy => "healthy",
@@ -74,8 +78,8 @@ pub struct Event {
     pub at_ms: u64,
     /// The incarnation it concerns.
     pub incarnation: u32,
-    /// What happened: `spawned`, `waiting`, `ready`, `busy`, `failed`,
-    /// `restart`, `stopped`.
+    /// What happened: `dormant`, `woken`, `spawned`, `waiting`, `ready`,
+    /// `busy`, `failed`, `restart`, `stopped`.
     pub kind: &'static str,
     /// Details, such as the failure's reason.
     pub detail: String,

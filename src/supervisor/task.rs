@@ -21,7 +21,7 @@ use super::spawn::{log_name, tail, Incarnation, Processes, Spawner};
 use super::state::{Gate, ModuleState};
 use super::usage::{busy_doing, Miss, Usage, Vitals};
 use super::ModuleShared;
-use crate::config::Supervision;
+use crate::config::{Start, Supervision};
 use crate::connection::{listener_pid, ModulePool};
 use crate::session::Session;
 
@@ -95,6 +95,13 @@ impl<S: Spawner> ModuleTask<S> {
                 }
             }
         }
+        if self.shared.spec.start == Start::OnDemand
+            && self.early.is_none()
+            && !self.dormant().await
+        {
+            self.shared.update(|s| s.state = ModuleState::Stopped);
+            return;
+        }
         let mut failures_in_row = 0u32;
         for incarnation in 0.. {
             let started = Instant::now();
@@ -146,8 +153,28 @@ impl<S: Spawner> ModuleTask<S> {
         info!("module stopped");
     }
 
-    /// Runs one incarnation to its end; returns how it ended and how long it
-    /// was healthy.
+    /// Waits, with no process, for the first request for one of the
+    /// module's routes (or an operator's restart); false when the host
+    /// shuts down or the module is removed first.
+    async fn dormant(&mut self) -> bool {
+        self.shared.update(|s| {
+            s.state = ModuleState::Dormant;
+            s.record(
+                "dormant",
+                "starts on the first request for one of its routes",
+            );
+        });
+        info!("module dormant until a request for one of its routes");
+        let why = tokio::select! {
+            () = self.shared.wake.notified() => "a request for one of its routes",
+            Some(Control::Restart) = self.controls.recv() => "an operator's restart",
+            () = self.shutdown.cancelled() => return false,
+        };
+        self.shared.update(|s| s.record("woken", why));
+        info!(by = why, "module woken");
+        true
+    }
+
     /// An operator's restart starts the count of failures in a row over,
     /// in the report too; the new count, 0.
     fn failures_start_over(&self) -> u32 {
@@ -182,6 +209,8 @@ impl<S: Spawner> ModuleTask<S> {
         }
     }
 
+    /// Runs one incarnation to its end; returns how it ended and how long it
+    /// was healthy.
     async fn run_incarnation(&mut self, incarnation: u32, sup: &Supervision) -> (End, Duration) {
         let shared = Arc::clone(&self.shared);
         let socket = &shared.socket;

@@ -6,7 +6,7 @@
 //! environment) stays in `tests/supervisor.rs`.
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -19,7 +19,7 @@ use super::spawn::{Processes, Spawner};
 use super::state::Status;
 use super::task::{ModuleTask, MIN_RESTART_INTERVAL};
 use super::{ModuleHandle, ModuleReport, ModuleShared, ModuleState};
-use crate::config::{ModuleSpec, Supervision};
+use crate::config::{ModuleSpec, Start, Supervision};
 use crate::metrics::Metrics;
 use crate::session::Session;
 
@@ -53,6 +53,11 @@ struct Module {
 /// Starts the task of a module `program` supervised with `sup`, whose
 /// incarnations `spawner` starts.
 fn start<S: Spawner>(spawner: S, program: &str, sup: Supervision) -> Module {
+    start_as(spawner, program, sup, Start::AtLaunch)
+}
+
+/// [`start`], for a module that starts `when` says.
+fn start_as<S: Spawner>(spawner: S, program: &str, sup: Supervision, when: Start) -> Module {
     let dir = tempfile::tempdir().expect("tempdir");
     let session = Session::prepare(dir.path()).expect("session");
     let spec = ModuleSpec {
@@ -62,19 +67,20 @@ fn start<S: Spawner>(spawner: S, program: &str, sup: Supervision) -> Module {
         env: Default::default(),
         routes: Vec::new(),
         supervision: sup,
+        start: when,
     };
     let (controls_tx, controls) = mpsc::channel(1);
     let shutdown = CancellationToken::new();
-    let shared = Arc::new(ModuleShared {
-        name: Arc::from(spec.name.as_str()),
-        socket: session.socket_path(&spec.name),
-        metrics: Arc::new(Metrics::new()).module(&spec.name, &spec.routes),
+    let socket = session.socket_path(&spec.name);
+    let metrics = Arc::new(Metrics::new()).module(&spec.name, &spec.routes);
+    let shared = Arc::new(ModuleShared::new(
         spec,
-        status: Mutex::new(Status::default()),
-        controls: controls_tx,
-        shutdown: shutdown.clone(),
-        stopped: CancellationToken::new(),
-    });
+        socket,
+        controls_tx,
+        shutdown.clone(),
+        CancellationToken::new(),
+        metrics,
+    ));
     let task = ModuleTask {
         spawner,
         shared: Arc::clone(&shared),
@@ -158,6 +164,94 @@ async fn restarts_module_after_it_exits() {
         assert_eq!(r.cleaned, [0]);
     });
     m.stop().await;
+}
+
+/// A module started on demand runs nothing until a request comes; that
+/// request starts it and waits for it to be ready, as does one that comes
+/// while it starts; then it is supervised as any other.
+#[tokio::test(start_paused = true)]
+async fn a_module_started_on_demand_waits_for_its_first_request() {
+    let slow_start = Plan::healthy()
+        .answering(Healthz::Answer {
+            status: 503,
+            body: "loading",
+            delay: Duration::ZERO,
+        })
+        .then(Duration::from_millis(1500), Healthz::Ok);
+    let fake = FakeSpawner::new(move |n| match n {
+        0 => slow_start.clone().exits(Duration::from_secs(5), 1),
+        _ => Plan::healthy(),
+    });
+    let sup = Supervision {
+        startup_timeout: Duration::from_secs(10),
+        ..supervision()
+    };
+    let m = start_as(fake.clone(), "fake", sup, Start::OnDemand);
+    m.until("dormant", |s| s.state == ModuleState::Dormant)
+        .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    fake.record(|r| assert!(r.spawns.is_empty(), "spawned unasked: {:?}", r.spawns));
+    assert_eq!(m.handle.report().state, ModuleState::Dormant);
+    assert!(m.handle.admit().is_err(), "a dormant module admits nothing");
+
+    let asked = Instant::now();
+    let first = tokio::spawn({
+        let handle = m.handle.clone();
+        async move { handle.admit_or_start().await.map(|g| g.incarnation) }
+    });
+    m.until("starting", |s| s.state == ModuleState::Starting)
+        .await;
+    let second = tokio::spawn({
+        let handle = m.handle.clone();
+        async move { handle.admit_or_start().await.map(|g| g.incarnation) }
+    });
+    assert_eq!(first.await.expect("joined").ok(), Some(0));
+    assert_eq!(second.await.expect("joined").ok(), Some(0));
+    assert!(
+        asked.elapsed() >= Duration::from_millis(1500),
+        "let in before ready"
+    );
+    let events: Vec<_> = m.handle.report().events.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        events[..4],
+        ["dormant", "woken", "spawned", "ready"],
+        "{events:?}"
+    );
+    // Once started, a failure restarts it as any module (never dormant again).
+    m.healthy(1).await;
+    fake.record(|r| assert_eq!(r.spawns.len(), 2));
+    m.stop().await;
+}
+
+/// A request waits for a module started on demand no longer than its
+/// `startup_timeout`, then is told why it is not ready; a module that
+/// fails is not waited for; shutdown ends a dormant module's task.
+#[tokio::test(start_paused = true)]
+async fn a_request_waits_for_a_module_started_on_demand_within_its_startup_timeout() {
+    let fake = FakeSpawner::new(|_| Plan::never_listening());
+    let m = start_as(fake.clone(), "fake", supervision(), Start::OnDemand);
+    m.until("dormant", |s| s.state == ModuleState::Dormant)
+        .await;
+    let asked = Instant::now();
+    let refused = m.handle.admit_or_start().await.expect_err("never ready");
+    // Either still starting at the deadline, or already failed by it.
+    assert!(
+        matches!(
+            refused.state,
+            ModuleState::Starting | ModuleState::Unhealthy | ModuleState::Backoff
+        ),
+        "{:?}",
+        refused.state
+    );
+    assert!(asked.elapsed() <= supervision().startup_timeout + Duration::from_millis(100));
+    m.stop().await;
+
+    let idle = FakeSpawner::new(|_| Plan::healthy());
+    let m = start_as(idle.clone(), "fake", supervision(), Start::OnDemand);
+    m.until("dormant", |s| s.state == ModuleState::Dormant)
+        .await;
+    m.stop().await;
+    idle.record(|r| assert!(r.spawns.is_empty()));
 }
 
 /// A health check that hangs counts as failed after the health timeout;
@@ -651,6 +745,7 @@ fn a_started_process_outlives_the_thread_that_asked() {
         env: Default::default(),
         routes: Vec::new(),
         supervision: supervision(),
+        start: Default::default(),
     };
     let socket = session.socket_path(&spec.name);
     let spawned = std::thread::spawn(move || {

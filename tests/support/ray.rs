@@ -12,6 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
+use ray_dashd::config::ray_settings::DEFAULT_ON_DEMAND;
 use ray_dashd_contract::proc;
 use serde_json::Value;
 
@@ -552,7 +553,10 @@ pub fn submit_six_times_seven(head: &RayHead, d: &Dashd, address: &str, extra: &
     submitted
 }
 
-pub async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
+/// Waits, within [`RAY_WAIT`], until every one of [`RAY_MODULES`] is in
+/// the state `want` gives for its name (`what` says it in a failure); the
+/// reports of all modules.
+async fn ray_modules_in(d: &Dashd, what: &str, want: impl Fn(&str) -> &'static str) -> Vec<Value> {
     let deadline = Instant::now() + RAY_WAIT;
     loop {
         let modules: Vec<Value> = authed()
@@ -563,21 +567,97 @@ pub async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
             .json()
             .await
             .expect("json");
-        let healthy = RAY_MODULES.iter().all(|name| {
+        let all = RAY_MODULES.iter().all(|name| {
             modules
                 .iter()
-                .any(|m| m["name"] == *name && m["state"] == "healthy")
+                .any(|m| m["name"] == *name && m["state"] == want(name))
         });
-        if healthy {
+        if all {
             return modules;
         }
         assert!(
             Instant::now() < deadline,
-            "Ray's modules not all healthy: {modules:#?}\nlog:\n{}",
+            "Ray's modules not all {what}: {modules:#?}\nlog:\n{}",
             d.log()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Waits, within [`RAY_WAIT`], until every one of [`RAY_MODULES`] is up:
+/// healthy, or, for those started on demand (`[ray] on_demand`, by
+/// default [`DEFAULT_ON_DEMAND`]), dormant with no process. The reports.
+pub async fn all_ray_modules_up(d: &Dashd) -> Vec<Value> {
+    let modules = ray_modules_in(d, "up", |name| {
+        if DEFAULT_ON_DEMAND.contains(&name) {
+            "dormant"
+        } else {
+            "healthy"
+        }
+    })
+    .await;
+    for m in modules.iter().filter(|m| m["state"] == "dormant") {
+        assert!(m["pid"].is_null(), "a dormant module runs: {m:#}");
+    }
+    modules
+}
+
+/// Asks each of Ray's modules started on demand, dormant, for a `GET`
+/// route of its own (its first, `{…}` segments filled in) through `d`, and
+/// checks that the request started it and was answered by it (not 503
+/// from ray-dashd), and that it is then healthy, woken by that request.
+pub async fn on_demand_modules_start_when_asked(d: &Dashd) {
+    for name in DEFAULT_ON_DEMAND {
+        let report = json_of(authed().get(d.url(&format!("/api/modules/{name}"))))
+            .await
+            .unwrap_or_else(|| panic!("no report of {name}"));
+        assert_eq!(report["state"], "dormant", "{report:#}");
+        let path = report["routes"]
+            .as_array()
+            .and_then(|routes| routes.iter().find(|r| r["method"] == "GET"))
+            .and_then(|r| r["path"].as_str())
+            .unwrap_or_else(|| panic!("{name} has no GET route: {report:#}"))
+            .split('/')
+            .map(|segment| {
+                if segment.starts_with('{') {
+                    "x"
+                } else {
+                    segment
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("/");
+        let response = authed()
+            .get(d.url(&path))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        assert!(
+            !body.contains("is not ready"),
+            "{name} did not answer GET {path}: {status} {body}\nlog:\n{}",
+            d.log()
+        );
+        let report = ray_module_healthy(d, &authed(), name).await;
+        assert!(report["pid"].as_u64().is_some(), "{report:#}");
+        let events: Vec<&str> = report["events"]
+            .as_array()
+            .map(|e| e.iter().filter_map(|e| e["kind"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            events.get(..2),
+            Some(&["dormant", "woken"][..]),
+            "{name}: {report:#}"
+        );
+        assert_eq!(report["restarts"], 0, "{report:#}");
+    }
+}
+
+/// Waits, within [`RAY_WAIT`], until every one of [`RAY_MODULES`] is
+/// healthy (those started on demand, once asked for); the reports.
+pub async fn all_ray_modules_healthy(d: &Dashd) -> Vec<Value> {
+    ray_modules_in(d, "healthy", |_| "healthy").await
 }
 
 fn driver_script() -> PathBuf {

@@ -109,6 +109,8 @@ function renderModule(m) {
   if (m.state === "backoff" && m.next_start_at_ms) {
     const wait = Math.max(0, m.next_start_at_ms - Date.now());
     badge.title = `next start in ${formatDuration(wait)}`;
+  } else if (m.state === "dormant") {
+    badge.title = "started on demand: no process until the first request for one of its routes";
   } else if (m.state === "waiting") {
     badge.title = "alive, waiting for something outside it; not restarted for it" +
       (m.backoff_ms ? ` (it tries again every ${formatDuration(m.backoff_ms)})` : "");

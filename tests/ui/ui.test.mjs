@@ -1,7 +1,8 @@
 // The UI in a real headless Chromium: the overview shows the modules and
 // follows a restart without a reload, the restart action asks first, the log
 // viewer tails a file live, a module waiting for a port another process
-// holds says so, and the page logs no console errors.
+// holds says so, one started on demand shows dormant until asked, and the
+// page logs no console errors.
 //
 // Needs: RAY_DASHD_BIN_DIR (the built ray-dashd, ray-dashd-logs and
 // ray-dashd-test-module; default target/debug) and Chromium at
@@ -61,6 +62,15 @@ command = ["${path.join(binDir, "ray-dashd-client-proxy")}", "--ray-client-port"
   "--server-command", "${path.join(binDir, "ray-dashd-fake-client-server")}", "--port-range", "${serverPorts}"]
 routes = [
 ${routes([["GET", "/api/client_proxy/clients", "http"]])}
+]
+
+# Started on demand: dormant until a request for its route.
+[[modules]]
+name = "lazy"
+start = "on_demand"
+command = ["${path.join(binDir, "ray-dashd-test-module")}"]
+routes = [
+${routes([["GET", "/test/count", "http"]])}
 ]
 
 # A second proxy whose port this test holds, as Ray's own proxier would.
@@ -234,6 +244,19 @@ test("a module waiting for a taken port says who holds it, as does the Ray line"
   await ray.waitFor({ state: "visible", timeout: WAIT_MS });
   assert.match(await ray.innerText(), /not hosted/);
   await page.screenshot({ path: path.join(shots, "overview-waiting.png") });
+});
+
+test("a module started on demand shows dormant until a request starts it", async () => {
+  await page.goto(`${base}/`);
+  const dormant = page.locator('tr[data-module="lazy"] .state-dormant');
+  await dormant.waitFor({ timeout: WAIT_MS });
+  assert.match(await dormant.getAttribute("title"), /no process until the first request/);
+  assert.equal(await cell("lazy", 3), "—"); // no pid
+  const status = await page.evaluate(async (url) => (await fetch(url)).status, `${base}/test/count`);
+  assert.equal(status, 200);
+  // The overview follows it to healthy without a reload.
+  await page.locator('tr[data-module="lazy"] .state-healthy').waitFor({ timeout: WAIT_MS });
+  await page.screenshot({ path: path.join(shots, "overview-woken.png") });
 });
 
 test("the page logged no console errors", () => {

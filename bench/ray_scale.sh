@@ -188,7 +188,7 @@ RAYLETS_ARG=(--raylets-bin "$LOADGEN")
 SYNTH_T0=$EPOCHREALTIME
 : >"$TMP/synth.log"
 # shellcheck disable=SC2086 # SYNTH_ARGS is a list of words
-env "${RAY_ENV[@]}" "$PY" "$BENCH_DIR/ray_synth_cluster.py" \
+env "${RAY_ENV[@]}" setsid "$PY" "$BENCH_DIR/ray_synth_cluster.py" \
     --gcs-address "127.0.0.1:$GCS_PORT" --nodes "$NODES" --actors "$ACTORS" \
     --tasks "$TASKS" --jobs "$JOBS" --dashboard-url "http://127.0.0.1:$RAY_DASH_PORT" \
     ${RAYLETS_ARG[@]+"${RAYLETS_ARG[@]}"} --server-log "$TMP/raylets.log" \
@@ -301,7 +301,7 @@ launch() { # system: starts it in the background; sets DASH_PID, PORT, LOGFILE, 
     else
         PORT=$DASHD_PORT LOGFILE=$TMP/$system.log
         # shellcheck disable=SC2046 # the environment is a list of NAME=VALUE words
-        env "${RAY_ENV[@]}" $(variant_env "$system") "$(variant_bin "$system")" \
+        env "${RAY_ENV[@]}" $(variant_env "$system") setsid "$(variant_bin "$system")" \
             --session-dir "$SESSION" --port "$DASHD_PORT" --config "$TMP/$system.toml" \
             >>"$LOGFILE" 2>&1 </dev/null &
     fi
@@ -371,12 +371,12 @@ measure() { # system
         record modules_before "$system" "$before"
     fi
     log "$name: ${DURATION} s of load (mix × $((CLIENTS + 1)) clients, probes ${PROBES[*]})"
-    "$LOADGEN" poll-mix --target "tcp:127.0.0.1:$PORT" "${MIX_ARGS[@]}" --clients $((CLIENTS + 1)) \
+    setsid "$LOADGEN" poll-mix --target "tcp:127.0.0.1:$PORT" "${MIX_ARGS[@]}" --clients $((CLIENTS + 1)) \
         --duration "$DURATION" --mix-timeout "$MIX_TIMEOUT" --probe-timeout "$PROBE_TIMEOUT" \
         --accept-encoding "$ACCEPT_ENCODING" --cpu-tree "$DASH_PID" --clk-tck "$CLK_TCK" \
         >"$TMP/load.$system.json" 2>"$TMP/load.$system.err" &
     LOAD_PID=$!
-    "$PY" "$BENCH_DIR/cpu_trace.py" --out "$TMP/cpu.$system.jsonl" --duration "$DURATION" --tree "$DASH_PID" &
+    setsid "$PY" "$BENCH_DIR/cpu_trace.py" --out "$TMP/cpu.$system.jsonl" --duration "$DURATION" --tree "$DASH_PID" &
     TRACE_PID=$!
     steal0=$(steal_ticks)
     half=$((DURATION / 2))

@@ -20,6 +20,7 @@ use axum::response::Response;
 use http::uri::PathAndQuery;
 use http::{header, HeaderValue, Method, Request, Uri, Version};
 use http_body_util::{LengthLimitError, Limited};
+use tracing::debug;
 
 use crate::config::ServerSettings;
 use crate::connection::{Hold, PoolError, PooledBody};
@@ -31,7 +32,7 @@ use crate::supervisor::{Gate, ModuleHandle};
 pub(crate) use body::CancelableBody;
 pub(crate) use client_socket::{Activity, Client, ClientSocket};
 pub use error::{ProxyError, SharedError, UpstreamFailure};
-pub(crate) use headers::{from_browser, strip_hop_by_hop};
+pub(crate) use headers::{declined, from_browser, strip_hop_by_hop};
 pub(crate) use idle::{is_send_timeout, WriteTimeout};
 use idle::{BodyTimeout, ClientBodyError};
 use shared::{Shared, SharedAnswers};
@@ -74,6 +75,11 @@ impl Routing {
             table: RouteTable::new(modules.iter().map(|m| m.spec().routes.as_slice())),
             modules,
         }
+    }
+
+    /// The module named `name`, if the table's modules have it.
+    fn module_named(&self, name: &str) -> Option<&ModuleHandle> {
+        self.modules.iter().find(|m| m.name() == name)
     }
 }
 
@@ -150,12 +156,23 @@ impl Proxy {
         };
         let module = &routing.modules[target.module];
         let started = std::time::Instant::now();
-        let cache = module.spec().routes[target.route].cache;
-        let result = match cache {
+        let route = &module.spec().routes[target.route];
+        let fallback = route
+            .fallback
+            .as_deref()
+            .and_then(|name| routing.module_named(name));
+        let result = match route.cache {
             Some(max) if request.method() == Method::GET && !has_body(&request) => {
-                match self.shared.get(module, request, max, &self.settings).await {
+                match self
+                    .shared
+                    .get(module, fallback, request, max, &self.settings)
+                    .await
+                {
                     Shared::Answered(result) => result,
-                    Shared::Forward(request) => self.forward_to(module, request, target.kind).await,
+                    Shared::Forward(request) => {
+                        self.forward_or_fall_back(module, fallback, request, target.kind)
+                            .await
+                    }
                 }
             }
             _ if is_write(request.method()) => {
@@ -165,7 +182,10 @@ impl Proxy {
                 self.shared.written();
                 result
             }
-            _ => self.forward_to(module, request, target.kind).await,
+            _ => {
+                self.forward_or_fall_back(module, fallback, request, target.kind)
+                    .await
+            }
         };
         let status = match &result {
             Ok(response) => response.status(),
@@ -175,6 +195,37 @@ impl Proxy {
             .metrics()
             .record(target.kind, target.route, status, started.elapsed());
         result
+    }
+
+    /// Forwards `request` to `module`; with a `fallback`, a `GET` (with no
+    /// body) that the module declines goes to the fallback as it came.
+    async fn forward_or_fall_back(
+        &self,
+        module: &ModuleHandle,
+        fallback: Option<&ModuleHandle>,
+        request: Request<Body>,
+        kind: RouteKind,
+    ) -> Result<Response, ProxyError> {
+        let fallback = fallback.filter(|_| {
+            matches!(*request.method(), Method::GET | Method::HEAD) && !has_body(&request)
+        });
+        let Some(fallback) = fallback else {
+            return self.forward_to(module, request, kind).await;
+        };
+        let again = replay(&request);
+        let response = self.forward_to(module, request, kind).await?;
+        match declined(response.status(), response.headers()) {
+            Some(why) => {
+                debug!(
+                    module = module.name(),
+                    fallback = fallback.name(),
+                    why,
+                    "declined"
+                );
+                self.forward_to(fallback, again, kind).await
+            }
+            None => Ok(response),
+        }
     }
 
     /// Forwards `request` for a route of `kind` to `module`, if it is ready.
@@ -240,6 +291,17 @@ fn is_write(method: &Method) -> bool {
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
     )
+}
+
+/// A copy of `request`, which has no body, to send again: its method,
+/// URI, version and headers.
+fn replay(request: &Request<Body>) -> Request<Body> {
+    let mut again = Request::new(Body::empty());
+    *again.method_mut() = request.method().clone();
+    *again.uri_mut() = request.uri().clone();
+    *again.version_mut() = request.version();
+    *again.headers_mut() = request.headers().clone();
+    again
 }
 
 /// Whether a request says it carries a body (a `GET` with one is never

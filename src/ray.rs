@@ -325,7 +325,7 @@ pub fn add_modules(config: &mut Config, session: &Session) -> Result<RayStart, S
         Ok(read) => read,
         Err(why) => return refuse.not_hosted(Some(&python), format!("{why}{}", why.fix())),
     };
-    host_modules(config, session, &settings, gcs_address, &python, tls, read)
+    host_modules(config, &settings, gcs_address, &python, tls, read)
 }
 
 /// How a head found but not hosted is answered: with `[ray] modules =
@@ -485,7 +485,6 @@ fn start_on_demand(modules: &mut [ModuleSpec], names: &[String]) -> Vec<String> 
 /// `[ray] client_port` is 0.
 fn host_modules(
     config: &mut Config,
-    session: &Session,
     settings: &RaySettings,
     gcs_address: String,
     python: &RayPython,
@@ -518,7 +517,6 @@ fn host_modules(
             &mut config.modules[before..],
             &ray_state::Launch {
                 gcs_address: &gcs_address,
-                sockets: &session.sockets,
                 token_auth: parent.token.is_some(),
                 redaction: &parent.redaction,
             },
@@ -745,6 +743,7 @@ fn client_proxy_spec(
             path: "/api/client_proxy/clients".to_owned(),
             kind: RouteKind::Http,
             cache: None,
+            fallback: None,
         }],
         supervision,
         start: Start::AtLaunch,

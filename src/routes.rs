@@ -23,6 +23,10 @@ pub struct RouteSpec {
     /// answer may be aged when it is served (see `proxy::shared`). `None`:
     /// every request goes to the module.
     pub cache: Option<std::time::Duration>,
+    /// For a `GET` `http` route: the module given a request this route's
+    /// module declines (answers 421 with `x-ray-dashd-decline`), as it
+    /// came. `None`: a declining answer goes to the client as it is.
+    pub fallback: Option<String>,
 }
 
 /// How the host forwards a route.
@@ -158,6 +162,7 @@ mod tests {
                 path: (*p).into(),
                 kind: *k,
                 cache: None,
+                fallback: None,
             })
             .collect()
     }

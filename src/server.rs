@@ -425,6 +425,7 @@ mod tests {
                 path: "/ghost".to_owned(),
                 kind: RouteKind::Http,
                 cache: None,
+                fallback: None,
             }],
             supervision: Supervision::default(),
             start: Default::default(),

@@ -190,14 +190,15 @@ async fn the_installed_wheel_hosts_rays_modules_with_no_flags() {
         venv.join("bin/python3"),
         "{zygote:#}"
     );
-    // JobHead's supervised process is the installed binary, standing as the
-    // shim for the module forked from the zygote (not a standalone Python).
-    let job_head = report("JobHead");
-    assert_eq!(command(&job_head)[..2], ["ray-dashd", "fork-shim"]);
+    // NodeHead's supervised process is the installed binary, standing as
+    // the shim for the module forked from the zygote (not a standalone
+    // Python).
+    let node_head = report("NodeHead");
+    assert_eq!(command(&node_head)[..2], ["ray-dashd", "fork-shim"]);
     assert_eq!(
-        exe_of(job_head["pid"].as_u64().expect("pid")),
+        exe_of(node_head["pid"].as_u64().expect("pid")),
         installed,
-        "{job_head:#}"
+        "{node_head:#}"
     );
     for name in ["ray_client_proxy", "ray_state", "logs", "example"] {
         let module = ray_module_healthy(&d, &authed(), name).await;

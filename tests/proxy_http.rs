@@ -597,3 +597,59 @@ async fn a_module_answer_with_content_length_and_transfer_encoding_is_502() {
         "{body}"
     );
 }
+
+/// A route with a `fallback` module: a request its module declines (421
+/// with the contract's decline header) is answered by the fallback, which
+/// it starts when the fallback is started on demand, whether the route's
+/// answers are shared or not; a route without one gives the client the
+/// decline as it is.
+#[tokio::test]
+async fn a_declined_request_is_answered_by_the_routes_fallback() {
+    for shared in [false, true] {
+        let mut front = test_module("front")
+            .routes(&[("GET", "/test/decline", "http")])
+            .env("TEST_MODULE_DECLINE", "1")
+            .fallback("/test/decline", "back");
+        if shared {
+            front = front.cached("/test/decline", "1");
+        }
+        let d = dashd()
+            .module(front)
+            .module(
+                test_module("back")
+                    .routes(&[("GET", "/test/count", "http")])
+                    .on_demand(),
+            )
+            .start();
+        d.healthy("front", 0).await;
+        assert_eq!(d.module("back").await["state"], "dormant");
+        let answer = client()
+            .get(d.url("/test/decline"))
+            .send()
+            .await
+            .expect("decline");
+        assert_eq!(answer.status(), 200, "shared: {shared}");
+        assert!(answer.headers().get("x-ray-dashd-decline").is_none());
+        let info: Value = answer.json().await.expect("json");
+        assert_eq!(info["module"], "back", "shared: {shared}: {info}");
+        assert_eq!(d.module("back").await["state"], "healthy");
+    }
+    let d = dashd()
+        .module(
+            test_module("lone")
+                .routes(&[("GET", "/test/decline", "http")])
+                .env("TEST_MODULE_DECLINE", "1"),
+        )
+        .start();
+    d.healthy("lone", 0).await;
+    let answer = client()
+        .get(d.url("/test/decline"))
+        .send()
+        .await
+        .expect("decline");
+    assert_eq!(answer.status(), 421);
+    assert_eq!(
+        answer.headers()["x-ray-dashd-decline"],
+        "the test module declines"
+    );
+}

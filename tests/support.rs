@@ -36,6 +36,7 @@ pub const TEST_ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/test/stream", "stream"),
     ("GET", "/test/stats", "http"),
     ("GET", "/test/info", "http"),
+    ("GET", "/test/decline", "http"),
     ("GET", "/test/ws/echo", "websocket"),
     ("GET", "/test/ws/out", "websocket"),
     ("GET", "/test/ws/not", "websocket"),
@@ -62,6 +63,8 @@ pub struct ModuleDef {
     supervision: Vec<(String, String)>,
     /// Routes (by path) with a `cache_secs`.
     cached: Vec<(String, String)>,
+    /// Routes (by path) with a `fallback` module.
+    fallbacks: Vec<(String, String)>,
     /// Its `start` (a TOML value), when set.
     start: Option<String>,
 }
@@ -79,6 +82,7 @@ pub fn test_module(name: &str) -> ModuleDef {
             .collect(),
         supervision: vec![],
         cached: vec![],
+        fallbacks: vec![],
         start: None,
     }
 }
@@ -92,6 +96,7 @@ pub fn command_module(name: &str, command: &[&str]) -> ModuleDef {
         routes: vec![],
         supervision: vec![],
         cached: vec![],
+        fallbacks: vec![],
         start: None,
     }
 }
@@ -115,6 +120,12 @@ impl ModuleDef {
     /// Gives the route with `path` a `cache_secs` (a TOML value).
     pub fn cached(mut self, path: &str, secs: &str) -> Self {
         self.cached.push((path.into(), secs.into()));
+        self
+    }
+
+    /// Gives the route with `path` a `fallback` module.
+    pub fn fallback(mut self, path: &str, module: &str) -> Self {
+        self.fallbacks.push((path.into(), module.into()));
         self
     }
 
@@ -162,8 +173,14 @@ impl ModuleDef {
                 .find(|(path, _)| path == p)
                 .map(|(_, secs)| format!(", cache_secs = {secs}"))
                 .unwrap_or_default();
+            let fallback = self
+                .fallbacks
+                .iter()
+                .find(|(path, _)| path == p)
+                .map(|(_, module)| format!(", fallback = {}", quote(module)))
+                .unwrap_or_default();
             t += &format!(
-                "  {{ method = {}, path = {}, type = {}{cache} }},\n",
+                "  {{ method = {}, path = {}, type = {}{cache}{fallback} }},\n",
                 quote(m),
                 quote(p),
                 quote(k)

@@ -163,6 +163,7 @@ fn module(m: &ModuleSpec, defaults: &Supervision) -> RawModule {
                 path: r.path.clone(),
                 kind: r.kind,
                 cache_secs: r.cache.map(|d| d.as_secs_f64()),
+                fallback: r.fallback.clone(),
             })
             .collect(),
     }

@@ -167,6 +167,8 @@ pub(super) struct RawRoute {
     pub(super) kind: RouteKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) cache_secs: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) fallback: Option<String>,
 }
 
 // === layering ===

@@ -19,7 +19,10 @@ pub const DEFAULT_CACHE: Duration = Duration::from_secs(2);
 /// Default of `[ray] on_demand`: Ray's modules that do nothing until asked
 /// (no background task, no file written at start; checked in Ray 2.45 and
 /// 2.60's sources), started by the first request for one of their routes.
-pub const DEFAULT_ON_DEMAND: [&str; 3] = ["DataHead", "ServeHead", "TrainHead"];
+/// JobHead's polled job list is the Ray state module's (`native_routes`):
+/// JobHead starts with the first job submitted, or the first list the Ray
+/// state module declines.
+pub const DEFAULT_ON_DEMAND: [&str; 4] = ["DataHead", "JobHead", "ServeHead", "TrainHead"];
 
 /// The port Ray clients connect to (`ray://head:10001`).
 pub const DEFAULT_CLIENT_PORT: u16 = 10001;

@@ -179,6 +179,7 @@ fn added_module_values_are_checked_like_the_files_modules() {
             path: path.to_owned(),
             kind: crate::routes::RouteKind::Http,
             cache: None,
+            fallback: None,
         }],
         supervision: Supervision::default(),
         start: Default::default(),
@@ -544,12 +545,57 @@ fn ray_settings_default_to_auto_with_no_python_named() {
     assert!(load("[ray]\nlaunch = \"spawn\"\n").is_err());
 }
 
+/// A route's `fallback` names another module of the config; only a `GET`
+/// `http` route (one the host may send again) has one.
+#[test]
+fn route_fallbacks_are_checked() {
+    let two = |route: &str| {
+        format!(
+            "[[modules]]\nname = \"a\"\ncommand = [\"x\"]\nroutes = [{route}]\n\
+             [[modules]]\nname = \"b\"\ncommand = [\"y\"]\n"
+        )
+    };
+    let c = load(&two(
+        r#"{ method = "GET", path = "/a", type = "http", fallback = "b" }"#,
+    ))
+    .expect("valid");
+    assert_eq!(c.modules[0].routes[0].fallback.as_deref(), Some("b"));
+    let only_get = "only a GET http route can have a fallback";
+    for (route, problem) in [
+        (
+            r#"{ method = "POST", path = "/a", type = "http", fallback = "b" }"#,
+            only_get,
+        ),
+        (
+            r#"{ method = "GET", path = "/a", type = "stream", fallback = "b" }"#,
+            only_get,
+        ),
+        (
+            r#"{ method = "GET", path = "/a", type = "http", fallback = "a" }"#,
+            "names the route's own module",
+        ),
+        (
+            r#"{ method = "GET", path = "/a", type = "http", fallback = "c" }"#,
+            "\"c\" is no module",
+        ),
+    ] {
+        let msg = load(&two(route)).expect_err(route).to_string();
+        assert_eq!(
+            msg,
+            format!("config test.toml: modules[0].routes[0].fallback: {problem}")
+        );
+    }
+}
+
 /// `[ray] on_demand` names modules (Ray's three idle ones unless set; `[]`
 /// none), each once; a module's `start` is at launch unless it says.
 #[test]
 fn modules_started_on_demand_are_named_and_checked() {
     let c = load("").expect("valid");
-    assert_eq!(c.ray.on_demand, ["DataHead", "ServeHead", "TrainHead"]);
+    assert_eq!(
+        c.ray.on_demand,
+        ["DataHead", "JobHead", "ServeHead", "TrainHead"]
+    );
     assert!(c.modules.iter().all(|m| m.start == Start::AtLaunch));
     let c = load("[ray]\non_demand = []\n").expect("valid");
     assert!(c.ray.on_demand.is_empty());
@@ -702,7 +748,7 @@ command = ["prog", "--flag", "with \"quotes\""]
 env = { B = "2", A = "x=y" }
 supervision = { health_timeout_secs = 0.25, failure_threshold = 5, max_connections = 2 }
 routes = [
-  { method = "get", path = "/api/a/{id}", type = "http" },
+  { method = "get", path = "/api/a/{id}", type = "http", fallback = "b" },
   { method = "GET", path = "/api/a/{id}/ws", type = "websocket" },
 ]
 [[modules]]

@@ -302,6 +302,7 @@ impl Validator<'_> {
                     path: r.path,
                     kind: r.kind,
                     cache,
+                    fallback: r.fallback,
                 };
                 self.claim_route(&mut claims, &rat, &m.name, &route)?;
                 routes.push(route);
@@ -318,8 +319,36 @@ impl Validator<'_> {
                 start: m.start,
             });
         }
-
+        self.check_fallbacks(&modules, existing)?;
         Ok(modules)
+    }
+
+    /// Checks the `fallback` of each route of `added` (after `existing`):
+    /// only a `GET` `http` route has one (a request it may replay, with no
+    /// body), and it names another module of the config.
+    fn check_fallbacks(
+        &self,
+        added: &[ModuleSpec],
+        existing: &[ModuleSpec],
+    ) -> Result<(), ConfigError> {
+        for (i, module) in added.iter().enumerate() {
+            for (j, route) in module.routes.iter().enumerate() {
+                let Some(fallback) = &route.fallback else {
+                    continue;
+                };
+                let field = format!("modules[{i}].routes[{j}].fallback");
+                if route.method != Method::GET || route.kind != RouteKind::Http {
+                    return Err(self.invalid(field, "only a GET http route can have a fallback"));
+                }
+                if *fallback == module.name {
+                    return Err(self.invalid(field, "names the route's own module"));
+                }
+                if !existing.iter().chain(added).any(|m| m.name == *fallback) {
+                    return Err(self.invalid(field, format!("{fallback:?} is no module")));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Checks modules built as values (not read from TOML), which come
@@ -342,7 +371,7 @@ impl Validator<'_> {
                 self.claim_route(&mut claims, &format!("{at}.routes[{j}]"), &spec.name, route)?;
             }
         }
-        Ok(())
+        self.check_fallbacks(specs, existing)
     }
 
     /// Checks the name of the module at `at` (index `i` among those being

@@ -306,6 +306,7 @@ mod tests {
             path: "/api/jobs/{job_or_submission_id}".to_owned(),
             kind: crate::routes::RouteKind::Http,
             cache: None,
+            fallback: None,
         });
         assert!(!ray.encode().contains("/api/jobs/"));
         route.record(&ray, StatusCode::NOT_FOUND, 0.02);

@@ -1,7 +1,7 @@
 //! Hop-by-hop headers: they describe one connection and never cross the
 //! proxy, in either direction (RFC 9110 §7.6.1). And the signs of a
 //! browser's request, which both the request guard and the shared answers
-//! read.
+//! read, and of a module's answer that declines a request.
 
 use http::header::{self, HeaderMap, HeaderName};
 
@@ -19,6 +19,16 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
+
+/// Why a module declined a request, when its answer (`status`, `headers`)
+/// is a decline: 421 with [`DECLINE_HEADER`](ray_dashd_contract::names::DECLINE_HEADER).
+pub(crate) fn declined(status: http::StatusCode, headers: &HeaderMap) -> Option<String> {
+    use ray_dashd_contract::names::{DECLINE_HEADER, DECLINE_STATUS};
+    (status.as_u16() == DECLINE_STATUS)
+        .then(|| headers.get(DECLINE_HEADER))
+        .flatten()
+        .map(|why| String::from_utf8_lossy(why.as_bytes()).into_owned())
+}
 
 /// Whether a request looks like a browser's, by Ray's signs
 /// ([`ray_dashd_contract::browser`]): Ray's dashboard refuses such requests

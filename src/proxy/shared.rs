@@ -243,6 +243,7 @@ impl SharedAnswers {
     pub(crate) async fn get(
         self: &Arc<Self>,
         module: &ModuleHandle,
+        fallback: Option<&ModuleHandle>,
         request: Request<Body>,
         max: Duration,
         settings: &ServerSettings,
@@ -259,14 +260,21 @@ impl SharedAnswers {
         let (parts, _) = request.into_parts();
         let gzip = accepts_gzip(&parts.headers);
         for _ in 0..MAX_JOINS {
-            match self.step(&key, max, module, &parts, settings) {
+            match self.step(&key, max, module, fallback, &parts, settings) {
                 Step::Serve(answer, how) => {
                     return Shared::Answered(Ok(answer.response(how, gzip).await))
                 }
                 Step::Fetch(done) => {
                     return Shared::Answered(
-                        self.fetch_for_client(&key, module, &parts, settings, done, gzip)
-                            .await,
+                        self.fetch_for_client(
+                            &key,
+                            Upstream { module, fallback },
+                            &parts,
+                            settings,
+                            done,
+                            gzip,
+                        )
+                        .await,
                     );
                 }
                 Step::Join(mut fetch) => {
@@ -296,6 +304,7 @@ impl SharedAnswers {
         key: &Key,
         max: Duration,
         module: &ModuleHandle,
+        fallback: Option<&ModuleHandle>,
         parts: &http::request::Parts,
         settings: &ServerSettings,
     ) -> Step {
@@ -322,9 +331,15 @@ impl SharedAnswers {
                     let shared = Arc::clone(self);
                     let (key, module, parts, settings) =
                         (key.clone(), module.clone(), parts.clone(), settings.clone());
+                    let fallback = fallback.cloned();
                     let writes = self.writes.load(Ordering::SeqCst);
                     tokio::spawn(async move {
-                        let outcome = match fetch(&module, &parts, &settings).await {
+                        let upstream = Upstream {
+                            module: &module,
+                            fallback: fallback.as_ref(),
+                        };
+                        let fetched = fetch(upstream, &parts, &settings).await;
+                        let outcome = match fetched {
                             Ok((answer, None)) if answer.shareable => Outcome::Answer(answer),
                             Ok(_) => Outcome::AskYourself,
                             Err(e) => Outcome::Failed(e),
@@ -351,14 +366,14 @@ impl SharedAnswers {
     async fn fetch_for_client(
         &self,
         key: &Key,
-        module: &ModuleHandle,
+        upstream: Upstream<'_>,
         parts: &http::request::Parts,
         settings: &ServerSettings,
         done: watch::Sender<Option<Outcome>>,
         gzip: bool,
     ) -> Result<Response, ProxyError> {
         let writes = self.writes.load(Ordering::SeqCst);
-        match fetch(module, parts, settings).await {
+        match fetch(upstream, parts, settings).await {
             Ok((answer, None)) => {
                 // Handed on before this client's own answer is made (and
                 // maybe gzipped), which it may not wait for.
@@ -439,10 +454,43 @@ fn evict(slots: &mut HashMap<Key, Slot>) {
     slots.retain(|_, slot| slot.answer.is_some() || slot.is_fetching());
 }
 
+/// The module a shared route's requests go to, and the route's fallback.
+#[derive(Debug, Clone, Copy)]
+struct Upstream<'a> {
+    module: &'a ModuleHandle,
+    fallback: Option<&'a ModuleHandle>,
+}
+
+/// What [`fetch_from`] gets from the route's module, or, when that module
+/// declines the request, from its fallback.
+async fn fetch(
+    Upstream { module, fallback }: Upstream<'_>,
+    parts: &http::request::Parts,
+    settings: &ServerSettings,
+) -> Result<(Arc<Answer>, Option<Response>), ProxyError> {
+    let fetched = fetch_from(module, parts, settings).await?;
+    let why = match (&fetched, fallback) {
+        ((answer, None), Some(_)) => super::declined(answer.status, &answer.headers),
+        _ => None,
+    };
+    match (why, fallback) {
+        (Some(why), Some(fallback)) => {
+            tracing::debug!(
+                module = module.name(),
+                fallback = fallback.name(),
+                why,
+                "declined"
+            );
+            fetch_from(fallback, parts, settings).await
+        }
+        _ => Ok(fetched),
+    }
+}
+
 /// Asks the module for `parts` (a `GET`, no body) and reads the answer
 /// whole. `Ok((answer, None))`: whole; `Ok((_, Some(response)))`: over
 /// [`MAX_ANSWER_BYTES`], the response carrying what was read and the rest.
-async fn fetch(
+async fn fetch_from(
     module: &ModuleHandle,
     parts: &http::request::Parts,
     settings: &ServerSettings,

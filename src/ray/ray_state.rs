@@ -1,10 +1,8 @@
 //! The Ray state module (`modules/ray-state`) in Ray's module set: which of
 //! Ray's routes it takes over (`GET /api/jobs/` from JobHead, `GET
 //! /api/cluster_status` from ReportHead), and how it is started. Ray's
-//! module keeps the route's other methods, and answers what the Ray state
-//! module declines (through its socket).
-
-use std::path::Path;
+//! module keeps the route's other methods, and is each taken route's
+//! `fallback`: it answers what the Ray state module declines.
 
 use crate::builtin;
 use crate::config::{ModuleSpec, Start, Supervision};
@@ -15,10 +13,10 @@ use super::Redaction;
 pub const MODULE: &str = "ray_state";
 
 /// The routes it serves: Ray's module that declares each, the path, and
-/// the flag that gives the module that Ray module's socket.
+/// the module's name for the route (its `--serve`).
 const TAKEN: &[(&str, &str, &str)] = &[
-    ("JobHead", "/api/jobs/", "--job-head-socket"),
-    ("ReportHead", "/api/cluster_status", "--report-head-socket"),
+    ("JobHead", "/api/jobs/", "jobs"),
+    ("ReportHead", "/api/cluster_status", "cluster-status"),
 ];
 
 /// What the module is started with.
@@ -26,8 +24,6 @@ const TAKEN: &[(&str, &str, &str)] = &[
 pub struct Launch<'a> {
     /// The GCS, `host:port`.
     pub gcs_address: &'a str,
-    /// The session's sockets folder, where Ray's modules listen.
-    pub sockets: &'a Path,
     /// Whether Ray's token authentication is on.
     pub token_auth: bool,
     /// How Ray masks runtime-env secrets for a browser.
@@ -72,14 +68,13 @@ pub fn take_routes(
         }
         Redaction::Unknown => return Err(Skipped::UnknownRedaction),
     }
-    // A route a release's module lacks is left out; the others are taken.
-    // So is the route of a module started on demand: the Ray state module
-    // forwards what it declines to the module's socket, which is not
-    // there until something starts it.
+    // A route a release's module lacks is left out; the others are taken,
+    // with the module as their fallback (started by the first decline, if
+    // it is started on demand).
     let mut routes = Vec::new();
-    for (class, path, flag) in TAKEN {
+    for (class, path, route) in TAKEN {
         let at = modules.iter().enumerate().find_map(|(m, spec)| {
-            (spec.name == *class && spec.start == Start::AtLaunch)
+            (spec.name == *class)
                 .then(|| {
                     spec.routes.iter().position(|r| {
                         r.method == http::Method::GET
@@ -91,11 +86,10 @@ pub fn take_routes(
                 .map(|r| (m, r))
         });
         let Some((m, r)) = at else { continue };
-        routes.push(modules[m].routes.remove(r));
-        let socket = launch
-            .sockets
-            .join(ray_dashd_contract::names::socket_name(class));
-        args.extend([(*flag).to_owned(), socket.display().to_string()]);
+        let mut taken = modules[m].routes.remove(r);
+        taken.fallback = Some((*class).to_owned());
+        routes.push(taken);
+        args.extend(["--serve".to_owned(), (*route).to_owned()]);
     }
     if routes.is_empty() {
         return Err(Skipped::NoRoute);
@@ -129,6 +123,7 @@ mod tests {
             path: path.to_owned(),
             kind: RouteKind::Http,
             cache,
+            fallback: None,
         }
     }
 
@@ -164,7 +159,6 @@ mod tests {
     fn launch(redaction: &Redaction) -> Launch<'_> {
         Launch {
             gcs_address: "127.0.0.1:6379",
-            sockets: Path::new("/s/sockets"),
             token_auth: true,
             redaction,
         }
@@ -180,11 +174,18 @@ mod tests {
         let spec =
             take_routes(&mut modules, &launch(&masks), Supervision::default()).expect("taken");
         let shared = Some(Duration::from_secs(2));
+        let fallback_to = |module: &str, mut route: RouteSpec| {
+            route.fallback = Some(module.to_owned());
+            route
+        };
         assert_eq!(
             spec.routes,
             [
-                route(http::Method::GET, "/api/jobs/", shared),
-                route(http::Method::GET, "/api/cluster_status", shared),
+                fallback_to("JobHead", route(http::Method::GET, "/api/jobs/", shared)),
+                fallback_to(
+                    "ReportHead",
+                    route(http::Method::GET, "/api/cluster_status", shared)
+                ),
             ]
         );
         assert_eq!(
@@ -202,10 +203,10 @@ mod tests {
                 "env_vars",
                 "--redact-placeholder",
                 "<redacted>",
-                "--job-head-socket",
-                "/s/sockets/dash_JobHead",
-                "--report-head-socket",
-                "/s/sockets/dash_ReportHead",
+                "--serve",
+                "jobs",
+                "--serve",
+                "cluster-status",
             ]
         );
         assert_eq!(spec.env["RAY_AUTH_MODE"], "token");
@@ -233,21 +234,7 @@ mod tests {
         )
         .expect("the job list alone");
         assert_eq!(spec.routes.len(), 1);
-        assert!(!spec.args.iter().any(|a| a == "--report-head-socket"));
-        // Nor a route of a module started on demand: its socket may not be
-        // there for what the Ray state module declines.
-        let mut modules = ray_modules();
-        modules[0].start = Start::OnDemand;
-        let spec = take_routes(
-            &mut modules,
-            &launch(&Redaction::None),
-            Supervision::default(),
-        )
-        .expect("the status alone");
-        assert_eq!(spec.routes[0].path, "/api/cluster_status");
-        assert_eq!(spec.routes.len(), 1);
-        assert_eq!(modules[0].routes.len(), 2);
-        assert!(!spec.args.iter().any(|a| a == "--job-head-socket"));
+        assert!(!spec.args.iter().any(|a| a == "cluster-status"));
         let mut none: Vec<ModuleSpec> = Vec::new();
         assert_eq!(
             take_routes(&mut none, &launch(&Redaction::None), Supervision::default())

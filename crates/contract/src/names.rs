@@ -23,6 +23,14 @@ pub const CGROUP_VAR: &str = "RAY_DASHD_CGROUP";
 /// it answers 200.
 pub const HEALTHZ_PATH: &str = "/api/healthz";
 
+/// The header of a module's answer that declines a request of a route with
+/// a `fallback` module: the host gives that module the request instead.
+/// Its value says why (the host logs it). Sent with [`DECLINE_STATUS`].
+pub const DECLINE_HEADER: &str = "x-ray-dashd-decline";
+
+/// The status of a declining answer: 421 Misdirected Request.
+pub const DECLINE_STATUS: u16 = 421;
+
 /// What every module socket's file name starts with; Ray's modules reach
 /// each other on the same names.
 pub const SOCKET_PREFIX: &str = "dash_";

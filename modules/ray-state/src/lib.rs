@@ -1,7 +1,8 @@
 //! The Ray state module: answers some of Ray's cluster-state routes from
 //! the GCS itself, the same as Ray's own modules answer them, with Ray's
 //! module behind it for what it declines. ray-dashd hosts it beside Ray's
-//! modules and gives it their routes it serves (`[ray] native_routes`).
+//! modules and gives it their routes it serves (`[ray] native_routes`),
+//! each with Ray's module as the route's `fallback`.
 //!
 //! Why: on a big cluster Ray's Python modules spend seconds of CPU on each
 //! answer of a polled route (JobHead reads the job API's records one GCS
@@ -12,21 +13,20 @@
 //! /api/cluster_status` ([`cluster_status`], ReportHead's). What the module
 //! cannot build as Ray's does (a [`jobs::Decline`] or
 //! [`cluster_status::Decline`]), or while the GCS does not answer, it
-//! forwards to Ray's module ([`fallback`]), so a client gets Ray's answer
-//! either way.
+//! declines (421 with the contract's `x-ray-dashd-decline` and the
+//! reason), and ray-dashd gives the request to Ray's module, so a client
+//! gets Ray's answer either way.
 
 pub mod cluster_status;
-pub mod fallback;
 pub mod jobs;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, Request};
+use axum::http::{header, HeaderValue, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -46,16 +46,10 @@ pub struct Args {
     /// The GCS (`host:port`).
     #[arg(long)]
     pub gcs_address: String,
-    /// The socket of Ray's JobHead, which answers what this module
-    /// declines.
-    /// Without it, the module does not serve the job list.
-    #[arg(long)]
-    pub job_head_socket: Option<PathBuf>,
-    /// The socket of Ray's ReportHead, which answers the cluster status
-    /// this module declines. Without it, the module does not serve the
-    /// cluster status.
-    #[arg(long)]
-    pub report_head_socket: Option<PathBuf>,
+    /// A route to serve (once per route); what it declines, ray-dashd
+    /// gives to Ray's module.
+    #[arg(long = "serve", value_enum, required = true)]
+    pub routes: Vec<Route>,
     /// A runtime env field whose values Ray masks in answers to a browser
     /// (once per field; none: this Ray masks nothing).
     #[arg(long = "redact-field")]
@@ -63,6 +57,15 @@ pub struct Args {
     /// What replaces each masked value.
     #[arg(long, default_value = "<redacted>")]
     pub redact_placeholder: String,
+}
+
+/// The routes the module can serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Route {
+    /// `GET /api/jobs/`, JobHead's.
+    Jobs,
+    /// `GET /api/cluster_status`, ReportHead's.
+    ClusterStatus,
 }
 
 /// Why the module cannot start.
@@ -82,39 +85,56 @@ pub enum StartupError {
     Gcs(#[from] ray_dashd_client_proxy::gcs::GcsError),
 }
 
-/// What the handlers share. Each route's handler is also given the socket
-/// of the Ray module behind it.
+/// What the handlers share.
 #[derive(Debug)]
 struct Shared {
     gcs: Gcs,
     /// `RAY_DASHBOARD_DEV=1`: Ray's envelope answers allow any origin.
     dev: bool,
     redaction: Option<jobs::Redaction>,
-    /// By route, the last reason logged for a forward, and when: the same
-    /// reason is logged again only after [`FORWARD_LOG_EVERY`] (a record
+    /// By route, the last reason logged for a decline, and when: the same
+    /// reason is logged again only after [`DECLINE_LOG_EVERY`] (a record
     /// that is always declined would otherwise log a line per refresh).
-    last_forward: std::sync::Mutex<HashMap<&'static str, (String, std::time::Instant)>>,
+    last_decline: std::sync::Mutex<HashMap<&'static str, (String, std::time::Instant)>>,
 }
 
-/// How often the same reason for a forward is logged again.
-const FORWARD_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+/// How often the same reason for a decline is logged again.
+const DECLINE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Shared {
-    /// Logs why a route's answer goes to Ray's module, unless that reason
-    /// was logged within [`FORWARD_LOG_EVERY`].
-    fn log_forward(&self, path: &'static str, why: &NotBuilt) {
+    /// Declines a request of `path`, whose answer then comes from Ray's
+    /// module (see [`decline`]); logs `why`, unless that reason was logged
+    /// within [`DECLINE_LOG_EVERY`].
+    fn decline(&self, path: &'static str, why: &NotBuilt) -> Response {
         use ray_dashd_contract::LockExt;
         let reason = why.to_string();
         let now = std::time::Instant::now();
-        let mut last = self.last_forward.locked();
-        let fresh = last.get(path).is_some_and(|(logged, at)| {
-            *logged == reason && now.duration_since(*at) < FORWARD_LOG_EVERY
-        });
-        if !fresh {
-            tracing::info!(path, reason = %reason, "answer left to Ray's module");
-            last.insert(path, (reason, now));
+        {
+            let mut last = self.last_decline.locked();
+            let fresh = last.get(path).is_some_and(|(logged, at)| {
+                *logged == reason && now.duration_since(*at) < DECLINE_LOG_EVERY
+            });
+            if !fresh {
+                tracing::info!(path, reason = %reason, "answer left to Ray's module");
+                last.insert(path, (reason.clone(), now));
+            }
         }
+        decline(&reason)
     }
+}
+
+/// The answer that declines a request: 421 with the contract's
+/// `x-ray-dashd-decline` saying `why`. ray-dashd gives the request to the
+/// route's fallback, Ray's module.
+pub fn decline(why: &str) -> Response {
+    use ray_dashd_contract::names::{DECLINE_HEADER, DECLINE_STATUS};
+    let status = StatusCode::from_u16(DECLINE_STATUS).expect("UNWRAP: 421 is a status");
+    // A reason that cannot be a header value (a line break, a byte past
+    // ASCII) is not sent as one; the body has it whole.
+    let value = HeaderValue::from_str(why).unwrap_or_else(|_| {
+        HeaderValue::from_static("declined (its reason does not fit a header)")
+    });
+    (status, [(DECLINE_HEADER, value)], why.to_owned()).into_response()
 }
 
 /// Runs the module to its end; its exit status.
@@ -134,8 +154,7 @@ async fn serve(args: Args) -> Result<(), StartupError> {
     });
     tracing::info!(
         gcs = %args.gcs_address,
-        job_list = args.job_head_socket.is_some(),
-        cluster_status = args.report_head_socket.is_some(),
+        routes = ?args.routes,
         redacts = redaction.is_some(),
         "serving Ray's routes from the GCS"
     );
@@ -143,22 +162,14 @@ async fn serve(args: Args) -> Result<(), StartupError> {
         gcs,
         dev: std::env::var("RAY_DASHBOARD_DEV").is_ok_and(|v| v == "1"),
         redaction,
-        last_forward: Default::default(),
+        last_decline: Default::default(),
     });
     let mut router = Router::new();
-    if let Some(job_head) = args.job_head_socket {
-        let job_head = Arc::<Path>::from(job_head);
-        router = router.route(
-            JOBS_PATH,
-            get(move |State(shared), request| list_jobs(shared, job_head, request)),
-        );
-    }
-    if let Some(report_head) = args.report_head_socket {
-        let report_head = Arc::<Path>::from(report_head);
-        router = router.route(
-            CLUSTER_STATUS_PATH,
-            get(move |State(shared), request| get_cluster_status(shared, report_head, request)),
-        );
+    for route in &args.routes {
+        router = match route {
+            Route::Jobs => router.route(JOBS_PATH, get(list_jobs)),
+            Route::ClusterStatus => router.route(CLUSTER_STATUS_PATH, get(get_cluster_status)),
+        };
     }
     let router = router.with_state(shared);
     let app = ray_dashd_sdk::with_healthz(router);
@@ -188,30 +199,23 @@ fn json_response(body: Vec<u8>) -> Response {
         .into_response()
 }
 
-/// `GET /api/jobs/`: the list from the GCS, or JobHead's (at `job_head`).
-async fn list_jobs(shared: Arc<Shared>, job_head: Arc<Path>, request: Request<Body>) -> Response {
+/// `GET /api/jobs/`: the list from the GCS, or declined (to JobHead).
+async fn list_jobs(State(shared): State<Arc<Shared>>, request: Request<Body>) -> Response {
     let browser = ray_dashd_contract::browser::from_browser(|name| {
         request.headers().get(name).map(|v| v.as_bytes())
     });
     let redaction = shared.redaction.as_ref().filter(|_| browser);
     match build_jobs(&shared.gcs, redaction).await {
         Ok(body) => json_response(body),
-        Err(why) => {
-            shared.log_forward(JOBS_PATH, &why);
-            fallback::forward(&job_head, request).await
-        }
+        Err(why) => shared.decline(JOBS_PATH, &why),
     }
 }
 
-/// `GET /api/cluster_status`: from the GCS's KV, or ReportHead's (at
-/// `report_head`; always for `format=1`, the text Ray's own code formats).
-async fn get_cluster_status(
-    shared: Arc<Shared>,
-    report_head: Arc<Path>,
-    request: Request<Body>,
-) -> Response {
+/// `GET /api/cluster_status`: from the GCS's KV, or declined (to
+/// ReportHead; always for `format=1`, the text Ray's own code formats).
+async fn get_cluster_status(State(shared): State<Arc<Shared>>, request: Request<Body>) -> Response {
     if !cluster_status::answers(request.uri().query()) {
-        return fallback::forward(&report_head, request).await;
+        return decline("the text ray status prints is ReportHead's to format");
     }
     let gcs = &shared.gcs;
     let got = async {
@@ -238,10 +242,7 @@ async fn get_cluster_status(
             }
             response
         }
-        Err(why) => {
-            shared.log_forward(CLUSTER_STATUS_PATH, &why);
-            fallback::forward(&report_head, request).await
-        }
+        Err(why) => shared.decline(CLUSTER_STATUS_PATH, &why),
     }
 }
 
@@ -271,4 +272,24 @@ async fn build_jobs(gcs: &Gcs, redaction: Option<&jobs::Redaction>) -> Result<Ve
         .collect();
     let list = jobs::list(drivers, &records, redaction)?;
     Ok(serde_json::to_vec(&list).expect("UNWRAP: a JSON value serializes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A decline is what the host takes for one: 421 with the contract's
+    /// header, whose value is the reason (or that it does not fit one).
+    #[test]
+    fn a_decline_is_421_with_the_reason() {
+        use ray_dashd_contract::names::{DECLINE_HEADER, DECLINE_STATUS};
+        let response = decline("the GCS: unavailable");
+        assert_eq!(response.status().as_u16(), DECLINE_STATUS);
+        assert_eq!(response.headers()[DECLINE_HEADER], "the GCS: unavailable");
+        let response = decline("a key\nwith a newline");
+        assert_eq!(
+            response.headers()[DECLINE_HEADER],
+            "declined (its reason does not fit a header)"
+        );
+    }
 }

@@ -410,3 +410,20 @@ pub(crate) async fn info(State(state): State<AppState>) -> Json<Value> {
         "env": env,
     }))
 }
+
+/// `GET /test/decline`: with `TEST_MODULE_DECLINE=1` in its environment,
+/// declines the request (421 with the contract's decline header), so that
+/// the host asks the route's fallback module; else the module's info.
+pub(crate) async fn decline(state: State<AppState>) -> Response {
+    use ray_dashd_contract::names::{DECLINE_HEADER, DECLINE_STATUS};
+    if std::env::var("TEST_MODULE_DECLINE").is_ok_and(|v| v == "1") {
+        let status = StatusCode::from_u16(DECLINE_STATUS).expect("421 is a status");
+        return (
+            status,
+            [(DECLINE_HEADER, "the test module declines")],
+            "declined",
+        )
+            .into_response();
+    }
+    info(state).await.into_response()
+}

@@ -223,6 +223,7 @@ fn router(state: AppState) -> Router {
         .route("/test/cookies", get(http::cookies))
         .route("/test/hop", get(http::hop))
         .route("/test/info", get(http::info))
+        .route("/test/decline", get(http::decline))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             state::track_in_flight,

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::client;
 use crate::support::ray::{
-    free_port, hosting, ray_module_healthy, ray_python, run_bounded, submit_six_times_seven, text,
-    RayHead,
+    free_port, hosting, ray_module_healthy, ray_module_in, ray_python, run_bounded,
+    submit_six_times_seven, text, RayHead,
 };
 use crate::tls::{dashboard_key, path, Ca};
 
@@ -48,13 +48,16 @@ async fn ray_job_submit_over_https_under_a_prefix_with_rays_metrics() {
         .https(&ca.pem)
         .prefixed(PREFIX)
         .start();
-    ray_module_healthy(&d, &d.client(), "JobHead").await;
+    // JobHead starts on demand: the submission over HTTPS, under the
+    // prefix, starts it.
+    ray_module_in(&d, &d.client(), "JobHead", "dormant").await;
 
     let address = d.url("");
     assert!(address.starts_with("https://"), "{address}");
     assert!(address.trim_end_matches('/').ends_with(PREFIX), "{address}");
     let ca_file = path(dir.path(), "ca.pem");
     submit_six_times_seven(&head, &d, &address, &["--verify", &ca_file]);
+    ray_module_healthy(&d, &d.client(), "JobHead").await;
     assert_eq!(
         dashboard_key(&head, &d).await,
         format!("https://{}{PREFIX}", d.addr())

@@ -519,17 +519,22 @@ pub fn hosting(head: &RayHead, python: &Path, client_port: u16, extra_ray: &str)
 /// its report. Fails the test with the last report and the host's log
 /// otherwise.
 pub async fn ray_module_healthy(d: &Dashd, client: &reqwest::Client, name: &str) -> Value {
+    ray_module_in(d, client, name, "healthy").await
+}
+
+/// [`ray_module_healthy`], for the module's `state` (`dormant`, …).
+pub async fn ray_module_in(d: &Dashd, client: &reqwest::Client, name: &str, state: &str) -> Value {
     let last = std::sync::Mutex::new(Value::Null);
-    let healthy = eventually(RAY_WAIT, || async {
+    let reached = eventually(RAY_WAIT, || async {
         let report = json_of(client.get(d.url(&format!("/api/modules/{name}")))).await?;
-        let healthy = report["state"] == "healthy";
+        let reached = report["state"] == state;
         *last.lock().expect("last report") = report.clone();
-        healthy.then_some(report)
+        reached.then_some(report)
     })
     .await;
-    healthy.unwrap_or_else(|| {
+    reached.unwrap_or_else(|| {
         panic!(
-            "module {name} not healthy: {:#}\nlog:\n{}",
+            "module {name} not {state}: {:#}\nlog:\n{}",
             last.lock().expect("last report"),
             d.log()
         )

@@ -216,12 +216,7 @@ impl Proxy {
         let response = self.forward_to(module, request, kind).await?;
         match declined(response.status(), response.headers()) {
             Some(why) => {
-                debug!(
-                    module = module.name(),
-                    fallback = fallback.name(),
-                    why,
-                    "declined"
-                );
+                falling_back(module, fallback, &why);
                 self.forward_to(fallback, again, kind).await
             }
             None => Ok(response),
@@ -291,6 +286,16 @@ fn is_write(method: &Method) -> bool {
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
     )
+}
+
+/// Logs that `module` declined a request (`why`), which goes to `fallback`.
+fn falling_back(module: &ModuleHandle, fallback: &ModuleHandle, why: &str) {
+    debug!(
+        module = module.name(),
+        fallback = fallback.name(),
+        why,
+        "declined; asking the fallback"
+    );
 }
 
 /// A copy of `request`, which has no body, to send again: its method,

@@ -24,6 +24,11 @@ pub const DEFAULT_CACHE: Duration = Duration::from_secs(2);
 /// state module declines.
 pub const DEFAULT_ON_DEMAND: [&str; 4] = ["DataHead", "JobHead", "ServeHead", "TrainHead"];
 
+/// [`DEFAULT_ON_DEMAND`] as the setting holds it.
+pub(crate) fn default_on_demand() -> Vec<String> {
+    DEFAULT_ON_DEMAND.map(String::from).to_vec()
+}
+
 /// The port Ray clients connect to (`ray://head:10001`).
 pub const DEFAULT_CLIENT_PORT: u16 = 10001;
 
@@ -95,7 +100,7 @@ impl Default for RaySettings {
             memory_budget: None,
             cache: Some(DEFAULT_CACHE),
             native_routes: true,
-            on_demand: DEFAULT_ON_DEMAND.map(String::from).to_vec(),
+            on_demand: default_on_demand(),
         }
     }
 }

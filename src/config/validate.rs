@@ -10,7 +10,7 @@ use http::Method;
 use super::hosts::{allowed_host, allowed_origin};
 use super::raw::{RawConfig, RawModule, RawSupervision};
 use super::ray_settings::{
-    PythonSource, RayPython, RaySettings, DEFAULT_CACHE, DEFAULT_CLIENT_PORT, DEFAULT_ON_DEMAND,
+    default_on_demand, PythonSource, RayPython, RaySettings, DEFAULT_CACHE, DEFAULT_CLIENT_PORT,
     GCS_GONE_AFTER,
 };
 use super::{
@@ -261,7 +261,7 @@ impl Validator<'_> {
     /// `[ray] on_demand`: module names, each once.
     fn on_demand(&self, names: Option<Vec<String>>) -> Result<Vec<String>, ConfigError> {
         let Some(names) = names else {
-            return Ok(DEFAULT_ON_DEMAND.map(String::from).to_vec());
+            return Ok(default_on_demand());
         };
         for (i, name) in names.iter().enumerate() {
             let field = format!("ray.on_demand[{i}]");

@@ -469,22 +469,13 @@ async fn fetch(
     settings: &ServerSettings,
 ) -> Result<(Arc<Answer>, Option<Response>), ProxyError> {
     let fetched = fetch_from(module, parts, settings).await?;
-    let why = match (&fetched, fallback) {
-        ((answer, None), Some(_)) => super::declined(answer.status, &answer.headers),
-        _ => None,
-    };
-    match (why, fallback) {
-        (Some(why), Some(fallback)) => {
-            tracing::debug!(
-                module = module.name(),
-                fallback = fallback.name(),
-                why,
-                "declined"
-            );
-            fetch_from(fallback, parts, settings).await
+    if let (Some(fallback), (answer, None)) = (fallback, &fetched) {
+        if let Some(why) = super::declined(answer.status, &answer.headers) {
+            super::falling_back(module, fallback, &why);
+            return fetch_from(fallback, parts, settings).await;
         }
-        _ => Ok(fetched),
     }
+    Ok(fetched)
 }
 
 /// Asks the module for `parts` (a `GET`, no body) and reads the answer

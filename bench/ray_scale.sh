@@ -47,12 +47,14 @@ SYNTH_TIMEOUT=${BENCH_SYNTH_TIMEOUT:-1800}
 SYNTH_ARGS=${BENCH_SYNTH_ARGS:-}          # extra arguments for ray_synth_cluster.py
 RESULTS_DIR=${BENCH_RESULTS_DIR:-$BENCH_DIR/results}
 KEEP=${BENCH_KEEP:-0}                     # 1: keep the temp dir (all logs)
+PLACEMENT=${BENCH_PLACEMENT:-auto}        # pod, sessions, or auto (pod where a CPU cgroup can be made)
 TIMEOUT=300                               # bound on every wait for a start or a stop
 
 [[ -n "${EPOCHREALTIME:-}" ]] || die "needs bash 5 or later (for \$EPOCHREALTIME)"
 LC_NUMERIC=C
 [[ "$DURATION" =~ ^[0-9]+$ && "$DURATION" -ge 4 ]] || die "BENCH_DURATION must be a whole number of seconds, 4 or more"
 [[ "$CLIENTS" =~ ^[0-9]+$ ]] || die "BENCH_CLIENTS must be a number"
+[[ $PLACEMENT =~ ^(pod|sessions|auto)$ ]] || die "BENCH_PLACEMENT: pod, sessions or auto, not $PLACEMENT"
 for s in $ORDER; do [[ $s =~ ^(ray|dashd[2-9]?)$ ]] || die "BENCH_ORDER: ray, dashd and dashd2..dashd9, not $s"; done
 
 # A variant dashdN runs BENCH_DASHDN_BIN (default: BENCH_DASHD_BIN) with
@@ -93,6 +95,9 @@ LOAD_PID=""   # poll-mix
 TRACE_PID=""  # cpu_trace.py beside it
 WALK_RAY_PID=""  # Ray's dashboard beside ray-dashd during the UI walk
 
+POD_CG=""     # the head's CPU cgroup, with BENCH_PLACEMENT=pod
+PROBER_CG=""  # the load tool's, beside it
+
 cleanup() {
     local status=$?
     stop_pid "$LOAD_PID" 5
@@ -102,6 +107,7 @@ cleanup() {
     # The script stops its driver and its fake raylets on SIGTERM.
     stop_pid "$SYNTH_PID" 30
     stop_head
+    remove_pod
     if [[ ($status -ne 0 || "$KEEP" == 1) && -d "$TMP" ]]; then
         log "logs kept in $TMP (head: head.log; synthetic cluster: synth.log; dashboards: ray-dashboard.log, dashd.log; Ray's own: ray/session_latest/logs/)"
     else
@@ -110,6 +116,73 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+# --- placement: where the head's processes get their CPU -----------------------------------
+# A KubeRay head pod is one cgroup: its processes share the pod's CPU by
+# their nice values (the kernel's autogroup applies only in the root CPU
+# cgroup). On a machine where everything runs in the root CPU cgroup with
+# autogroup on, the CPU is shared between sessions first instead, and a
+# process's nice ranks it only within its own session. `pod` puts the head
+# (Ray, the synthetic cluster, each dashboard) in one new CPU cgroup, as a
+# pod would be; the load tool, standing for a prober and for users outside
+# the pod, stays out. `sessions` leaves everything in the cgroup the script
+# runs in, each part in a session of its own (`setsid`), as a service
+# manager without cgroups would start them.
+make_pod() { # sets POD_CG and PROBER_CG to new CPU cgroups (v1 cpu controller, or v2 with cpu enabled); fails if they cannot be made
+    local base
+    base=$(awk '$3 == "cgroup" && $4 ~ /(^|,)cpu(,|$)/ {print $2; exit}' /proc/mounts)
+    if [[ -z $base ]] && grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null \
+        && grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
+        base=/sys/fs/cgroup
+    fi
+    [[ -n $base ]] && mkdir "$base/ray-scale-pod-$$" 2>/dev/null || return 1
+    POD_CG=$base/ray-scale-pod-$$
+    # The load tool measures: the kubelet that probes a head pod runs in a
+    # cgroup of its own with CPU set aside for it, and the users polling
+    # the mix sit at browsers elsewhere. Perf showed its threads runnable
+    # for up to 288 ms behind the pod, which made every route's slowest
+    # poll the tool's own wait; ten times the pod's weight keeps it out of
+    # the numbers.
+    mkdir "$base/ray-scale-prober-$$" 2>/dev/null || return 1
+    PROBER_CG=$base/ray-scale-prober-$$
+    if [[ -e $PROBER_CG/cpu.shares ]]; then
+        echo 10240 >"$PROBER_CG/cpu.shares" || return 1
+    else
+        echo 1000 >"$PROBER_CG/cpu.weight" || return 1
+    fi
+}
+remove_cgroup() { # dir: removes it once every process has left it (they are stopped by then)
+    local i
+    for ((i = 0; i < 50; i++)); do
+        rmdir "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    log "cannot remove $1: pids still in it: $(tr '\n' ' ' <"$1/cgroup.procs" 2>/dev/null)"
+}
+remove_pod() {
+    [[ -z $POD_CG ]] || remove_cgroup "$POD_CG"
+    [[ -z $PROBER_CG ]] || remove_cgroup "$PROBER_CG"
+    POD_CG="" PROBER_CG=""
+}
+join_exec() { # cgroup command...: runs the command (exec) in the cgroup, when one is named
+    local cg=$1
+    shift
+    if [[ -n $cg ]]; then
+        echo "$BASHPID" >"$cg/cgroup.procs" || { log "cannot join $cg"; exit 1; }
+    fi
+    exec "$@"
+}
+in_pod() { join_exec "$POD_CG" "$@"; }
+in_prober() { join_exec "$PROBER_CG" "$@"; }
+case $PLACEMENT in
+    pod) make_pod || die "BENCH_PLACEMENT=pod: cannot make a CPU cgroup (needs a writable cpu controller, v1 or v2); BENCH_PLACEMENT=sessions runs without one" ;;
+    auto) make_pod || log "no CPU cgroup can be made here: the head's parts run in sessions of their own (BENCH_PLACEMENT=sessions)" ;;
+esac
+if [[ -n $POD_CG ]]; then
+    PLACEMENT_NOTE="the head's processes (Ray, the synthetic cluster, the dashboard) in one CPU cgroup of their own, as in a pod ($POD_CG); the load tool and the CPU sampler in another, at ten times its weight, as a kubelet's"
+else
+    PLACEMENT_NOTE="every part in a session of its own in the script's CPU cgroup ($(awk -F: '$2 ~ /(^|,)cpu(,|$)/ || $1 == 0 {print $3; exit}' /proc/self/cgroup)); autogroup $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo unknown)"
+fi
 
 # --- ports ------------------------------------------------------------------------------
 # 100 consecutive free ports below the kernel's ephemeral range, so that no
@@ -152,7 +225,7 @@ RAY_ENV=(
 # --- the head, with Ray's own dashboard ----------------------------------------------------
 log "starting a Ray $RAY_VERSION head (GCS 127.0.0.1:$GCS_PORT, dashboard :$RAY_DASH_PORT, temp dir $TMP)"
 HEAD_T0=$EPOCHREALTIME
-env "${RAY_ENV[@]}" setsid "$VENV/bin/ray" start --head --block \
+(in_pod env "${RAY_ENV[@]}" setsid "$VENV/bin/ray" start --head --block \
     --include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port="$RAY_DASH_PORT" \
     --disable-usage-stats --num-cpus=2 --node-ip-address=127.0.0.1 \
     --object-store-memory=200000000 \
@@ -161,7 +234,7 @@ env "${RAY_ENV[@]}" setsid "$VENV/bin/ray" start --head --block \
     --ray-client-server-port=$((BASE + 3)) --dashboard-agent-listen-port=$((BASE + 4)) \
     --dashboard-agent-grpc-port=$((BASE + 5)) --runtime-env-agent-port=$((BASE + 6)) \
     --metrics-export-port=$((BASE + 7)) \
-    --min-worker-port=$((BASE + 50)) --max-worker-port=$((BASE + 99)) \
+    --min-worker-port=$((BASE + 50)) --max-worker-port=$((BASE + 99))) \
     >"$TMP/head.log" 2>&1 </dev/null &
 HEAD_PID=$!
 for ((i = 0; ; i++)); do
@@ -188,11 +261,11 @@ RAYLETS_ARG=(--raylets-bin "$LOADGEN")
 SYNTH_T0=$EPOCHREALTIME
 : >"$TMP/synth.log"
 # shellcheck disable=SC2086 # SYNTH_ARGS is a list of words
-env "${RAY_ENV[@]}" setsid "$PY" "$BENCH_DIR/ray_synth_cluster.py" \
+(in_pod env "${RAY_ENV[@]}" setsid "$PY" "$BENCH_DIR/ray_synth_cluster.py" \
     --gcs-address "127.0.0.1:$GCS_PORT" --nodes "$NODES" --actors "$ACTORS" \
     --tasks "$TASKS" --jobs "$JOBS" --dashboard-url "http://127.0.0.1:$RAY_DASH_PORT" \
     ${RAYLETS_ARG[@]+"${RAYLETS_ARG[@]}"} --server-log "$TMP/raylets.log" \
-    --summary-file "$TMP/synth.json" --exit-with-parent $SYNTH_ARGS \
+    --summary-file "$TMP/synth.json" --exit-with-parent $SYNTH_ARGS) \
     >"$TMP/synth.out" 2>>"$TMP/synth.log" </dev/null &
 SYNTH_PID=$!
 shown=0
@@ -296,13 +369,13 @@ launch() { # system: starts it in the background; sets DASH_PID, PORT, LOGFILE, 
     LAUNCHED_AT=$EPOCHREALTIME
     if [[ $system == ray ]]; then
         PORT=$RAY_DASH_PORT LOGFILE=$TMP/ray-dashboard.log
-        (cd "$RAY_CWD" && exec setsid env -i "${RAY_DASH_ENV[@]}" "${RAY_DASH_ARGV[@]}") \
+        (cd "$RAY_CWD" && in_pod setsid env -i "${RAY_DASH_ENV[@]}" "${RAY_DASH_ARGV[@]}") \
             >>"$LOGFILE" 2>&1 </dev/null &
     else
         PORT=$DASHD_PORT LOGFILE=$TMP/$system.log
         # shellcheck disable=SC2046 # the environment is a list of NAME=VALUE words
-        env "${RAY_ENV[@]}" $(variant_env "$system") setsid "$(variant_bin "$system")" \
-            --session-dir "$SESSION" --port "$DASHD_PORT" --config "$TMP/$system.toml" \
+        (in_pod env "${RAY_ENV[@]}" $(variant_env "$system") setsid "$(variant_bin "$system")" \
+            --session-dir "$SESSION" --port "$DASHD_PORT" --config "$TMP/$system.toml") \
             >>"$LOGFILE" 2>&1 </dev/null &
     fi
     DASH_PID=$!
@@ -371,12 +444,12 @@ measure() { # system
         record modules_before "$system" "$before"
     fi
     log "$name: ${DURATION} s of load (mix × $((CLIENTS + 1)) clients, probes ${PROBES[*]})"
-    setsid "$LOADGEN" poll-mix --target "tcp:127.0.0.1:$PORT" "${MIX_ARGS[@]}" --clients $((CLIENTS + 1)) \
+    (in_prober setsid "$LOADGEN" poll-mix --target "tcp:127.0.0.1:$PORT" "${MIX_ARGS[@]}" --clients $((CLIENTS + 1)) \
         --duration "$DURATION" --mix-timeout "$MIX_TIMEOUT" --probe-timeout "$PROBE_TIMEOUT" \
-        --accept-encoding "$ACCEPT_ENCODING" --cpu-tree "$DASH_PID" --clk-tck "$CLK_TCK" \
+        --accept-encoding "$ACCEPT_ENCODING" --cpu-tree "$DASH_PID" --clk-tck "$CLK_TCK") \
         >"$TMP/load.$system.json" 2>"$TMP/load.$system.err" &
     LOAD_PID=$!
-    setsid "$PY" "$BENCH_DIR/cpu_trace.py" --out "$TMP/cpu.$system.jsonl" --duration "$DURATION" --tree "$DASH_PID" &
+    (in_prober setsid "$PY" "$BENCH_DIR/cpu_trace.py" --out "$TMP/cpu.$system.jsonl" --duration "$DURATION" --tree "$DASH_PID") &
     TRACE_PID=$!
     steal0=$(steal_ticks)
     half=$((DURATION / 2))
@@ -482,6 +555,7 @@ DIRTY=$(cd "$ROOT" && git status --porcelain --untracked-files=no 2>/dev/null | 
     echo
     echo "- cluster: $NODES nodes, $ACTORS pending actors, $TASKS finished tasks, $JOBS finished jobs (bench/ray_synth_cluster.py, built in ${SYNTH_S} s) on one real Ray $RAY_VERSION head, \`--num-cpus=2\`"
     echo "- machine: nproc $(nproc), $MODEL, Linux $(uname -r); host CPU ${BUSY_BEFORE}% busy in the second before the run"
+    echo "- placement: $PLACEMENT_NOTE"
     echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV$DIRTY ($DASHD_BIN)${DASHD_TOML:+; extra config: $(tr '\n' ' ' <<<"$DASHD_TOML")}${DASHD_ENV:+; extra environment: $DASHD_ENV}"
     ((${#RETRIED[@]} == 0)) || echo "- launched a second time for the answers or the walk, the first not ready within ${TIMEOUT} s: ${RETRIED[*]} (see its log)"
     echo "- load, per dashboard, one after the other ($ORDER): ${DURATION} s; each mix path polled by $((CLIENTS + 1)) clients (Ray's release test's one + $CLIENTS), each once a second at most (the next poll when the answer is in and the second is over; timeout ${MIX_TIMEOUT} s), probes once a second (timeout ${PROBE_TIMEOUT} s, new connection each, on a thread of their own at nice -10 when run as root: a prober is not among the head's processes); Accept-Encoding: ${ACCEPT_ENCODING:-none}"

@@ -21,8 +21,10 @@ pub const DEFAULT_CACHE: Duration = Duration::from_secs(2);
 /// 2.60's sources), started by the first request for one of their routes.
 /// JobHead's polled job list is the Ray state module's (`native_routes`):
 /// JobHead starts with the first job submitted, or the first list the Ray
-/// state module declines.
-pub const DEFAULT_ON_DEMAND: [&str; 4] = ["DataHead", "JobHead", "ServeHead", "TrainHead"];
+/// state module declines. StateHead starts with the first state API call
+/// (`ray list`, `ray logs`, a page of the web UI that lists state).
+pub const DEFAULT_ON_DEMAND: [&str; 5] =
+    ["DataHead", "JobHead", "ServeHead", "StateHead", "TrainHead"];
 
 /// [`DEFAULT_ON_DEMAND`] as the setting holds it.
 pub(crate) fn default_on_demand() -> Vec<String> {

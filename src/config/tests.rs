@@ -587,14 +587,14 @@ fn route_fallbacks_are_checked() {
     }
 }
 
-/// `[ray] on_demand` names modules (Ray's three idle ones unless set; `[]`
+/// `[ray] on_demand` names modules (Ray's five idle ones unless set; `[]`
 /// none), each once; a module's `start` is at launch unless it says.
 #[test]
 fn modules_started_on_demand_are_named_and_checked() {
     let c = load("").expect("valid");
     assert_eq!(
         c.ray.on_demand,
-        ["DataHead", "JobHead", "ServeHead", "TrainHead"]
+        ["DataHead", "JobHead", "ServeHead", "StateHead", "TrainHead"]
     );
     assert!(c.modules.iter().all(|m| m.start == Start::AtLaunch));
     let c = load("[ray]\non_demand = []\n").expect("valid");

@@ -143,13 +143,16 @@ make_pod() { # sets POD_CG and PROBER_CG to new CPU cgroups (v1 cpu controller, 
     # for up to 288 ms behind the pod, which made every route's slowest
     # poll the tool's own wait; ten times the pod's weight keeps it out of
     # the numbers.
-    mkdir "$base/ray-scale-prober-$$" 2>/dev/null || return 1
-    PROBER_CG=$base/ray-scale-prober-$$
-    if [[ -e $PROBER_CG/cpu.shares ]]; then
-        echo 10240 >"$PROBER_CG/cpu.shares" || return 1
-    else
-        echo 1000 >"$PROBER_CG/cpu.weight" || return 1
+    if mkdir "$base/ray-scale-prober-$$" 2>/dev/null; then
+        PROBER_CG=$base/ray-scale-prober-$$
+        if [[ -e $PROBER_CG/cpu.shares ]]; then
+            echo 10240 >"$PROBER_CG/cpu.shares" && return 0
+        else
+            echo 1000 >"$PROBER_CG/cpu.weight" && return 0
+        fi
     fi
+    remove_pod # neither is used: the placement is one or the other whole
+    return 1
 }
 remove_cgroup() { # dir: removes it once every process has left it (they are stopped by then)
     local i

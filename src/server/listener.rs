@@ -94,7 +94,11 @@ impl Accepting {
 /// are served with.
 pub(super) struct Connections {
     service: Dispatch,
+    /// For TLS connections.
     http: http1::Builder,
+    /// For plain connections: `http` with hyper's header read timeout on
+    /// [`waiting::PolledTimer`].
+    plain_http: http1::Builder,
     /// A connection over the cap answers one request, quickly.
     overflow_http: http1::Builder,
     overflow_service: accept::Overflow,
@@ -123,6 +127,10 @@ impl Connections {
             .max_buf_size(settings.max_header_bytes.max(MIN_CONNECTION_BUFFER_BYTES))
             .max_header_size(settings.max_header_bytes)
             .max_headers(MAX_HEADERS);
+        // Plain connections are served by `waiting::drive`, which wakes
+        // them often enough for a timer that is only polled.
+        let mut plain_http = http.clone();
+        plain_http.timer(waiting::PolledTimer);
         let mut overflow_http = http.clone();
         overflow_http
             .keep_alive(false)
@@ -134,6 +142,7 @@ impl Connections {
         Connections {
             service,
             http,
+            plain_http,
             overflow_http,
             overflow_service,
             tls,
@@ -201,7 +210,7 @@ impl Connections {
             let stream = WriteTimeout::new(ClientStream::new(stream, permit), send_timeout, peer);
             let waiting = Arc::clone(&self.waiting);
             self.tasks.spawn(waiting::drive(
-                self.http.clone(),
+                self.plain_http.clone(),
                 stream,
                 service,
                 drain,

@@ -17,6 +17,15 @@
 //! less the time it took to park (what hyper's header read timeout gives an
 //! idle connection), or at once when the host drains. TLS connections are
 //! not parked: the TLS session's state lives in the stream.
+//!
+//! hyper's header read timeout on these connections runs on
+//! [`PolledTimer`]: a deadline checked whenever hyper polls it, never entered
+//! in tokio's timer wheel. While a connection is served, its task wakes at
+//! least every [`WAIT_AFTER`] (the park check), and each wake polls hyper,
+//! which polls its timeout; so the timeout fires at most that late, and a
+//! request costs no timer registration (hyper arms the timeout anew for
+//! every request head: with tokio's timer, a boxed sleep entered in the
+//! wheel while the connection waits and taken out once the head is in).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -49,6 +58,59 @@ pub(super) const WAIT_AFTER: Duration = Duration::from_secs(1);
 /// How long a client may take to send a request's head, and how long an
 /// idle connection is kept.
 pub(super) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+// === impl PolledTimer ===
+
+/// hyper's timer for the connections [`drive`] serves: its sleeps are
+/// deadlines compared with the clock when polled, and never wake a task of
+/// their own accord. Sound only where the task is woken at least every
+/// [`WAIT_AFTER`] while hyper may wait on one (as [`serve_until_idle`]
+/// does); hyper's HTTP/1 server uses its timer for the header read timeout
+/// only.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PolledTimer;
+
+/// A deadline that [`PolledTimer`] made.
+#[derive(Debug)]
+struct PolledSleep {
+    deadline: std::time::Instant,
+}
+
+impl Future for PolledSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        if Instant::now().into_std() >= self.deadline {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl hyper::rt::Sleep for PolledSleep {}
+
+impl hyper::rt::Timer for PolledTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep_until(self.now() + duration)
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(PolledSleep { deadline })
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, deadline: std::time::Instant) {
+        match sleep.as_mut().downcast_mut_pin::<PolledSleep>() {
+            Some(polled) => polled.get_mut().deadline = deadline,
+            None => *sleep = self.sleep_until(deadline),
+        }
+    }
+
+    /// tokio's clock, so that tests with paused time see it move.
+    fn now(&self) -> std::time::Instant {
+        Instant::now().into_std()
+    }
+}
 
 // === impl Tracked ===
 
@@ -244,6 +306,8 @@ async fn serve_until_idle<F>(
 where
     F: Future<Output = hyper::Result<()>> + Unpin,
 {
+    // Armed until the connection ends, parking and draining too: it also
+    // wakes the task for hyper's header read timeout (`PolledTimer`).
     let check = tokio::time::sleep(WAIT_AFTER);
     tokio::pin!(check);
     let mut moves = activity.moves.load(Relaxed);
@@ -251,6 +315,8 @@ where
     let mut draining = false;
     loop {
         tokio::select! {
+            // The connection first: it is what wakes the task nearly always.
+            biased;
             ended = &mut *connection => {
                 return if parking && !draining && ended.is_ok() {
                     Ended::Parked
@@ -262,11 +328,13 @@ where
                 draining = true;
                 shut_down(connection);
             }
-            _ = &mut check, if !parking && !draining => {
+            _ = &mut check => {
                 let now = activity.moves.load(Relaxed);
                 let allowed =
                     no_park_before.is_none_or(|n| activity.requests.load(Relaxed) >= n);
-                if now == moves && allowed && activity.quiet() {
+                if parking || draining {
+                    check.as_mut().reset(Instant::now() + WAIT_AFTER);
+                } else if now == moves && allowed && activity.quiet() {
                     parking = true;
                     activity.parking.store(true, Relaxed);
                     shut_down(connection);
@@ -302,5 +370,57 @@ impl<'a> Counted<'a> {
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// hyper's header read timeout on [`PolledTimer`], with nothing but the
+    /// park check to wake the task: a head left half sent ends the
+    /// connection once the timeout has passed, not before, and at most a
+    /// check or two after.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_half_sent_times_out_on_the_polled_timer() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut http = http1::Builder::new();
+        http.timer(PolledTimer)
+            .header_read_timeout(HEADER_READ_TIMEOUT);
+        let service = hyper::service::service_fn(|_: Request<Incoming>| {
+            std::future::ready(Ok::<_, Infallible>(Response::new(http_body_util::Empty::<
+                bytes::Bytes,
+            >::new())))
+        });
+        let mut connection = Box::new(http.serve_connection(TokioIo::new(server), service));
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: loc")
+            .await
+            .expect("write");
+        let activity = Activity::default();
+        let drain = CancellationToken::new();
+        let started = Instant::now();
+        // Not parked: no request has been taken.
+        let served = serve_until_idle(
+            &mut *connection,
+            |c| Pin::new(c).graceful_shutdown(),
+            &activity,
+            &drain,
+            Some(1),
+        );
+        let ended = tokio::time::timeout(HEADER_READ_TIMEOUT * 2, served)
+            .await
+            .expect("the header read timeout never fired");
+        let waited = started.elapsed();
+        match ended {
+            Ended::Done(Err(e)) => assert!(e.is_timeout(), "ended with {e}, not the timeout"),
+            Ended::Done(Ok(())) => panic!("ended cleanly, not by the timeout"),
+            Ended::Parked => panic!("parked"),
+        }
+        assert!(
+            waited >= HEADER_READ_TIMEOUT && waited <= HEADER_READ_TIMEOUT + 2 * WAIT_AFTER,
+            "the timeout fired after {waited:?}"
+        );
     }
 }

@@ -17,6 +17,8 @@ use arc_swap::ArcSwap;
 
 use axum::body::Body;
 use axum::response::Response;
+use futures_util::future::Either;
+use futures_util::FutureExt;
 use http::uri::PathAndQuery;
 use http::{header, HeaderValue, Method, Request, Uri, Version};
 use http_body_util::{LengthLimitError, Limited};
@@ -161,16 +163,19 @@ impl Proxy {
             .fallback
             .as_deref()
             .and_then(|name| routing.module_named(name));
+        // The rarer paths' futures are boxed: every request's future is
+        // moved and allocated whole, at the size of its largest path.
         let result = match route.cache {
             Some(max) if request.method() == Method::GET && !has_body(&request) => {
-                match self
-                    .shared
-                    .get(module, fallback, request, max, &self.settings)
-                    .await
+                match Box::pin(
+                    self.shared
+                        .get(module, fallback, request, max, &self.settings),
+                )
+                .await
                 {
                     Shared::Answered(result) => result,
                     Shared::Forward(request) => {
-                        self.forward_or_fall_back(module, fallback, request, target.kind)
+                        Box::pin(self.forward_or_fall_back(module, fallback, request, target.kind))
                             .await
                     }
                 }
@@ -182,10 +187,13 @@ impl Proxy {
                 self.shared.written();
                 result
             }
-            _ => {
-                self.forward_or_fall_back(module, fallback, request, target.kind)
-                    .await
-            }
+            _ => match may_fall_back(fallback, &request) {
+                Some(fallback) => {
+                    Box::pin(self.forward_with_fallback(module, fallback, request, target.kind))
+                        .await
+                }
+                None => self.forward_to(module, request, target.kind).await,
+            },
         };
         let status = match &result {
             Ok(response) => response.status(),
@@ -206,12 +214,24 @@ impl Proxy {
         request: Request<Body>,
         kind: RouteKind,
     ) -> Result<Response, ProxyError> {
-        let fallback = fallback.filter(|_| {
-            matches!(*request.method(), Method::GET | Method::HEAD) && !has_body(&request)
-        });
-        let Some(fallback) = fallback else {
-            return self.forward_to(module, request, kind).await;
-        };
+        match may_fall_back(fallback, &request) {
+            Some(fallback) => {
+                self.forward_with_fallback(module, fallback, request, kind)
+                    .await
+            }
+            None => self.forward_to(module, request, kind).await,
+        }
+    }
+
+    /// [`Proxy::forward_or_fall_back`] for a request that may go to
+    /// `fallback`.
+    async fn forward_with_fallback(
+        &self,
+        module: &ModuleHandle,
+        fallback: &ModuleHandle,
+        request: Request<Body>,
+        kind: RouteKind,
+    ) -> Result<Response, ProxyError> {
         let again = replay(&request);
         let response = self.forward_to(module, request, kind).await?;
         match declined(response.status(), response.headers()) {
@@ -234,21 +254,25 @@ impl Proxy {
             .admit_or_start()
             .await
             .map_err(|why| ProxyError::not_ready(module, why))?;
-        match kind {
-            RouteKind::Websocket if websocket::is_upgrade(&request) => {
-                websocket::forward(module, gate, request, &self.settings).await
-            }
-            kind => self.forward_http(module, gate, request, kind).await,
+        if kind == RouteKind::Websocket && websocket::is_upgrade(&request) {
+            return Box::pin(websocket::forward(module, gate, request, &self.settings)).await;
         }
+        // Not a function of its own: each async level on this path adds its
+        // arguments and its whole state to every request's future.
+        let (upstream, deadline, hold) = self.upstream_http(module, request, kind)?;
+        let response = send(module, &gate, upstream, deadline, hold, &self.settings).await?;
+        let open = (kind == RouteKind::Stream).then(|| module.metrics().stream_open());
+        Ok(downstream_response(module, &gate, response, open))
     }
 
-    async fn forward_http(
+    /// The request for the module, its body bounded, with the deadline for
+    /// its answer and how long it holds its connection.
+    fn upstream_http(
         &self,
         module: &ModuleHandle,
-        gate: Gate,
         request: Request<Body>,
         kind: RouteKind,
-    ) -> Result<Response, ProxyError> {
+    ) -> Result<(Request<Body>, Option<Duration>, Hold), ProxyError> {
         let limit = self.settings.max_request_body_bytes;
         let declared = request
             .headers()
@@ -273,10 +297,18 @@ impl Proxy {
             RouteKind::Http => (Some(self.settings.http_response_timeout), Hold::Exchange),
             RouteKind::Stream | RouteKind::Websocket => (None, Hold::LongLived),
         };
-        let response = send(module, &gate, upstream, deadline, hold, &self.settings).await?;
-        let open = (kind == RouteKind::Stream).then(|| module.metrics().stream_open());
-        Ok(downstream_response(module, &gate, response, open))
+        Ok((upstream, deadline, hold))
     }
+}
+
+/// `fallback`, if `request` may go to it when its module declines: a `GET`
+/// or `HEAD` with no body, which can be sent again.
+fn may_fall_back<'m>(
+    fallback: Option<&'m ModuleHandle>,
+    request: &Request<Body>,
+) -> Option<&'m ModuleHandle> {
+    fallback
+        .filter(|_| matches!(*request.method(), Method::GET | Method::HEAD) && !has_body(request))
 }
 
 /// Whether a request may change what a module answers to others: any
@@ -382,13 +414,15 @@ async fn send(
     // The queue's deadline and the answer's are the same instant, so a
     // request that waited its whole deadline for a connection is told so.
     let exchange = gate.client.send(request, started + queue_wait, hold);
-    let bounded = async {
-        match deadline {
-            Some(after) => tokio::time::timeout_at(started + after, exchange)
-                .await
-                .map_err(|_| after),
-            None => Ok(exchange.await),
-        }
+    // Pinned where it is: the wrappers below hold a pointer to it, so
+    // building them moves a few bytes, not the whole exchange.
+    tokio::pin!(exchange);
+    let bounded = match deadline {
+        Some(after) => Either::Left(
+            tokio::time::timeout_at(started + after, exchange.as_mut())
+                .map(move |r| r.map_err(|_| after)),
+        ),
+        None => Either::Right(exchange.as_mut().map(Ok)),
     };
     let result = tokio::select! {
         biased;

@@ -51,6 +51,7 @@
 //! when someone closes a tab.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -352,17 +353,18 @@ impl ModulePool {
     /// the module had closed it is sent again on another; nothing is sent
     /// twice. A [`Hold::LongLived`] exchange needs a free ticket first, and
     /// is refused at once without one.
-    pub(crate) async fn send(
+    pub(crate) fn send(
         &self,
         request: Request<Body>,
         until: Instant,
         hold: Hold,
-    ) -> Result<Response<PooledBody>, PoolError> {
+    ) -> impl Future<Output = Result<Response<PooledBody>, PoolError>> + Send + '_ {
+        // Not an async fn: one async level less in every request's future.
         let ticket = match hold {
-            Hold::Exchange => None,
-            Hold::LongLived => Some(self.long_lived()?),
+            Hold::Exchange => Ok(None),
+            Hold::LongLived => self.long_lived().map(Some),
         };
-        self.exchange(request, Some(until), ticket).await
+        self.exchange(request, Some(until), ticket)
     }
 
     /// Sends a health probe: as [`ModulePool::send`], but never waiting for
@@ -374,7 +376,7 @@ impl ModulePool {
         &self,
         request: Request<Body>,
     ) -> Result<Response<PooledBody>, PoolError> {
-        self.exchange(request, None, None).await
+        self.exchange(request, None, Ok(None)).await
     }
 
     /// One of the `max_long_lived` tickets, if any is free.
@@ -391,12 +393,15 @@ impl ModulePool {
         })
     }
 
+    /// Sends `request` as [`ModulePool::send`] says, with `ticket` (or the
+    /// refusal of one) for a long-lived exchange.
     async fn exchange(
         &self,
         mut request: Request<Body>,
         until: Option<Instant>,
-        ticket: Option<LongLived>,
+        ticket: Result<Option<LongLived>, PoolError>,
     ) -> Result<Response<PooledBody>, PoolError> {
+        let ticket = ticket?;
         loop {
             let (mut conn, reused, kept) = match self.lease(until).await? {
                 Lease::Idle(mut conn) => {
@@ -407,8 +412,9 @@ impl ModulePool {
                     }
                     (conn, true, true)
                 }
-                Lease::Open(slot) => (self.connect(Some(slot)).await?, false, true),
-                Lease::Extra => (self.connect(None).await?, false, false),
+                // Boxed: rarer than a pooled connection, and larger.
+                Lease::Open(slot) => (Box::pin(self.connect(Some(slot))).await?, false, true),
+                Lease::Extra => (Box::pin(self.connect(None)).await?, false, false),
             };
             match conn.sender.try_send_request(request).await {
                 Ok(response) => return Ok(self.attach(response, conn, kept, ticket)),

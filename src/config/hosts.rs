@@ -163,6 +163,26 @@ pub(crate) fn allowed_origin(entry: &str) -> Result<String, OriginEntryError> {
     }
 }
 
+/// The bytes of a `reg-name` (RFC 3986 §3.2.2: unreserved, sub-delims,
+/// and `%` of a percent-encoding), as a table: every request's `Host` is
+/// checked against it.
+const REG_NAME: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric();
+        b += 1;
+    }
+    let others = b"-._~!$&'()*+,;=%";
+    let mut i = 0;
+    while i < others.len() {
+        table[others[i] as usize] = true;
+        i += 1;
+    }
+    table
+};
+
 /// Splits `host[:port]` (RFC 3986 §3.2.2, as `Host` carries it) into the
 /// host (an IPv6 address keeps its brackets) and the port; `None` when it is
 /// not that.
@@ -176,13 +196,12 @@ pub(crate) fn split_authority(authority: &str) -> Option<(&str, Option<&str>)> {
         };
         (&authority[..end + 2], port)
     } else {
-        match authority.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
+        match authority.bytes().position(|b| b == b':') {
+            Some(colon) => (&authority[..colon], Some(&authority[colon + 1..])),
             None => (authority, None),
         }
     };
-    let reg_name = |b: u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b);
-    let host_ok = host.starts_with('[') || host.bytes().all(reg_name);
+    let host_ok = host.starts_with('[') || host.bytes().all(|b| REG_NAME[usize::from(b)]);
     let port_ok = port.is_none_or(|p| p.bytes().all(|b| b.is_ascii_digit()));
     (host_ok && port_ok).then_some((host, port))
 }
@@ -190,6 +209,27 @@ pub(crate) fn split_authority(authority: &str) -> Option<(&str, Option<&str>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn authorities_split_into_host_and_port_and_bad_ones_are_refused() {
+        assert_eq!(split_authority("localhost"), Some(("localhost", None)));
+        assert_eq!(
+            split_authority("127.0.0.1:8265"),
+            Some(("127.0.0.1", Some("8265")))
+        );
+        assert_eq!(split_authority("[::1]:80"), Some(("[::1]", Some("80"))));
+        assert_eq!(split_authority("[::1]"), Some(("[::1]", None)));
+        assert_eq!(
+            split_authority("a-b_c~d!$&'()*+,;=%41.x"),
+            Some(("a-b_c~d!$&'()*+,;=%41.x", None))
+        );
+        assert_eq!(split_authority("h:"), Some(("h", Some(""))));
+        for bad in [
+            "a b", "a/b", "a@b", "a\\b", "h\u{e9}", "h:8x", "h:1:2", "[::1", "[zz]", "[::1]x",
+        ] {
+            assert_eq!(split_authority(bad), None, "{bad:?} accepted");
+        }
+    }
 
     #[test]
     fn allowed_hosts_entries_are_host_names_without_ports() {

@@ -165,35 +165,35 @@ impl Proxy {
             .and_then(|name| routing.module_named(name));
         // The rarer paths' futures are boxed: every request's future is
         // moved and allocated whole, at the size of its largest path.
-        let result = match route.cache {
-            Some(max) if request.method() == Method::GET && !has_body(&request) => {
-                match Box::pin(
-                    self.shared
-                        .get(module, fallback, request, max, &self.settings),
-                )
-                .await
-                {
-                    Shared::Answered(result) => result,
-                    Shared::Forward(request) => {
-                        Box::pin(self.forward_or_fall_back(module, fallback, request, target.kind))
-                            .await
+        let result = 'answered: {
+            let request = match route.cache {
+                Some(max) if request.method() == Method::GET && !has_body(&request) => {
+                    match Box::pin(
+                        self.shared
+                            .get(module, fallback, request, max, &self.settings),
+                    )
+                    .await
+                    {
+                        Shared::Answered(result) => break 'answered result,
+                        Shared::Forward(request) => request,
                     }
                 }
-            }
-            _ if is_write(request.method()) => {
-                self.shared.written();
-                let result = self.forward_to(module, request, target.kind).await;
-                // Done (or failed) by the time its answer starts.
-                self.shared.written();
-                result
-            }
-            _ => match may_fall_back(fallback, &request) {
+                _ if is_write(request.method()) => {
+                    self.shared.written();
+                    let result = self.forward_to(module, request, target.kind).await;
+                    // Done (or failed) by the time its answer starts.
+                    self.shared.written();
+                    break 'answered result;
+                }
+                _ => request,
+            };
+            match may_fall_back(fallback, &request) {
                 Some(fallback) => {
                     Box::pin(self.forward_with_fallback(module, fallback, request, target.kind))
                         .await
                 }
                 None => self.forward_to(module, request, target.kind).await,
-            },
+            }
         };
         let status = match &result {
             Ok(response) => response.status(),
@@ -205,26 +205,8 @@ impl Proxy {
         result
     }
 
-    /// Forwards `request` to `module`; with a `fallback`, a `GET` (with no
-    /// body) that the module declines goes to the fallback as it came.
-    async fn forward_or_fall_back(
-        &self,
-        module: &ModuleHandle,
-        fallback: Option<&ModuleHandle>,
-        request: Request<Body>,
-        kind: RouteKind,
-    ) -> Result<Response, ProxyError> {
-        match may_fall_back(fallback, &request) {
-            Some(fallback) => {
-                self.forward_with_fallback(module, fallback, request, kind)
-                    .await
-            }
-            None => self.forward_to(module, request, kind).await,
-        }
-    }
-
-    /// [`Proxy::forward_or_fall_back`] for a request that may go to
-    /// `fallback`.
+    /// Forwards `request` to `module`; if the module declines it, to
+    /// `fallback` as it came (see [`may_fall_back`]).
     async fn forward_with_fallback(
         &self,
         module: &ModuleHandle,

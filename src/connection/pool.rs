@@ -62,6 +62,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
+use futures_util::future::Either;
 use http::{Request, Response, StatusCode};
 use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -361,10 +362,13 @@ impl ModulePool {
     ) -> impl Future<Output = Result<Response<PooledBody>, PoolError>> + Send + '_ {
         // Not an async fn: one async level less in every request's future.
         let ticket = match hold {
-            Hold::Exchange => Ok(None),
-            Hold::LongLived => self.long_lived().map(Some),
+            Hold::Exchange => None,
+            Hold::LongLived => match self.long_lived() {
+                Ok(ticket) => Some(ticket),
+                Err(refused) => return Either::Left(std::future::ready(Err(refused))),
+            },
         };
-        self.exchange(request, Some(until), ticket)
+        Either::Right(self.exchange(request, Some(until), ticket))
     }
 
     /// Sends a health probe: as [`ModulePool::send`], but never waiting for
@@ -376,7 +380,7 @@ impl ModulePool {
         &self,
         request: Request<Body>,
     ) -> Result<Response<PooledBody>, PoolError> {
-        self.exchange(request, None, Ok(None)).await
+        self.exchange(request, None, None).await
     }
 
     /// One of the `max_long_lived` tickets, if any is free.
@@ -393,15 +397,12 @@ impl ModulePool {
         })
     }
 
-    /// Sends `request` as [`ModulePool::send`] says, with `ticket` (or the
-    /// refusal of one) for a long-lived exchange.
     async fn exchange(
         &self,
         mut request: Request<Body>,
         until: Option<Instant>,
-        ticket: Result<Option<LongLived>, PoolError>,
+        ticket: Option<LongLived>,
     ) -> Result<Response<PooledBody>, PoolError> {
-        let ticket = ticket?;
         loop {
             let (mut conn, reused, kept) = match self.lease(until).await? {
                 Lease::Idle(mut conn) => {

@@ -329,18 +329,19 @@ where
                 shut_down(connection);
             }
             _ = &mut check => {
+                check.as_mut().reset(Instant::now() + WAIT_AFTER);
+                if parking || draining {
+                    continue;
+                }
                 let now = activity.moves.load(Relaxed);
                 let allowed =
                     no_park_before.is_none_or(|n| activity.requests.load(Relaxed) >= n);
-                if parking || draining {
-                    check.as_mut().reset(Instant::now() + WAIT_AFTER);
-                } else if now == moves && allowed && activity.quiet() {
+                if now == moves && allowed && activity.quiet() {
                     parking = true;
                     activity.parking.store(true, Relaxed);
                     shut_down(connection);
                 } else {
                     moves = now;
-                    check.as_mut().reset(Instant::now() + WAIT_AFTER);
                 }
             }
         }

@@ -41,6 +41,7 @@ pub mod connection;
 pub mod descriptors;
 pub mod error;
 pub mod fault;
+pub mod file_pages;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;
@@ -87,6 +88,13 @@ const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 
 /// Extra time the modules get to stop, beyond their own stop grace.
 const MODULE_STOP_SLACK: Duration = Duration::from_secs(2);
+
+/// How long start-up may take before its file pages are let go anyway
+/// (a module still starting then maps little more).
+const STARTED_WITHIN: Duration = Duration::from_secs(60);
+
+/// How often [`let_go_of_start_up`] looks whether the modules started.
+const STARTED_POLL: Duration = Duration::from_millis(250);
 
 /// Why a ray-dashd that started has stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -341,6 +349,29 @@ fn session_name(session: &Session) -> String {
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
 }
 
+/// Once no module is starting, or [`STARTED_WITHIN`] after the start at the
+/// latest, lets go of the file pages start-up mapped ([`file_pages`]), off
+/// the runtime.
+async fn let_go_of_start_up(modules: Arc<[supervisor::ModuleHandle]>) {
+    let deadline = tokio::time::Instant::now() + STARTED_WITHIN;
+    while tokio::time::Instant::now() < deadline
+        && modules
+            .iter()
+            .any(|m| m.state() == supervisor::ModuleState::Starting)
+    {
+        tokio::time::sleep(STARTED_POLL).await;
+    }
+    match tokio::task::spawn_blocking(file_pages::release).await {
+        Ok(Ok(released)) => info!(
+            mappings = released.mappings,
+            released_kib = released.kib,
+            "start-up's file pages let go"
+        ),
+        Ok(Err(error)) => debug!(%error, "start-up's file pages kept"),
+        Err(error) => debug!(%error, "start-up's file pages kept"),
+    }
+}
+
 /// Starts the modules (taking over those `prepared` has started) and
 /// serves on `listener` until `shutdown` resolves, reloading the config on
 /// SIGHUP; then drains the HTTP server, stops the modules and removes their
@@ -367,6 +398,7 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
     };
     let metrics = Arc::new(metrics);
     let supervisor = Arc::new(Supervisor::start(&config.modules, &session, early, metrics));
+    tokio::spawn(let_go_of_start_up(supervisor.modules()));
     let proxy = Arc::new(Proxy::new(supervisor.modules(), config.server.clone()));
     let metrics_stop = tokio_util::sync::CancellationToken::new();
     if let Some((port, ray)) = ray_metrics {

@@ -204,6 +204,11 @@ impl ModuleHandle {
         })
     }
 
+    /// What the module is doing now.
+    pub fn state(&self) -> ModuleState {
+        self.shared.update(|s| s.state)
+    }
+
     /// Requests being served by the module or waiting for a connection
     /// to it.
     pub fn in_flight(&self) -> usize {

@@ -13,6 +13,7 @@ mod config;
 mod deploy;
 mod descendants;
 mod descriptors;
+mod file_pages;
 mod fork_shim;
 mod guard;
 mod idle_clients;

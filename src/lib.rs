@@ -93,7 +93,7 @@ const MODULE_STOP_SLACK: Duration = Duration::from_secs(2);
 /// (a module still starting then maps little more).
 const STARTED_WITHIN: Duration = Duration::from_secs(60);
 
-/// How often [`let_go_of_start_up`] looks whether the modules started.
+/// How often [`let_go_after_starts`] looks whether a module is starting.
 const STARTED_POLL: Duration = Duration::from_millis(250);
 
 /// Why a ray-dashd that started has stopped.
@@ -351,24 +351,44 @@ fn session_name(session: &Session) -> String {
 
 /// Once no module is starting, or [`STARTED_WITHIN`] after the start at the
 /// latest, lets go of the file pages start-up mapped ([`file_pages`]), off
-/// the runtime.
-async fn let_go_of_start_up(modules: Arc<[supervisor::ModuleHandle]>) {
-    let deadline = tokio::time::Instant::now() + STARTED_WITHIN;
-    while tokio::time::Instant::now() < deadline
-        && modules
+/// the runtime; then again each time the modules that started since (a
+/// restart, a reload, one started on demand) are up, since starting one
+/// maps the spawning code again.
+async fn let_go_after_starts(supervisor: Arc<Supervisor>) {
+    let starting = || {
+        supervisor
+            .modules()
             .iter()
             .any(|m| m.state() == supervisor::ModuleState::Starting)
-    {
+    };
+    let deadline = tokio::time::Instant::now() + STARTED_WITHIN;
+    while tokio::time::Instant::now() < deadline && starting() {
         tokio::time::sleep(STARTED_POLL).await;
     }
-    match tokio::task::spawn_blocking(file_pages::release).await {
-        Ok(Ok(released)) => info!(
-            mappings = released.mappings,
-            released_kib = released.kib,
-            "start-up's file pages let go"
-        ),
-        Ok(Err(error)) => debug!(%error, "start-up's file pages kept"),
-        Err(error) => debug!(%error, "start-up's file pages kept"),
+    let mut first = true;
+    loop {
+        match tokio::task::spawn_blocking(file_pages::release).await {
+            Ok(Ok(released)) if first => info!(
+                mappings = released.mappings,
+                released_kib = released.kib,
+                "start-up's file pages let go"
+            ),
+            Ok(Ok(released)) => debug!(
+                mappings = released.mappings,
+                released_kib = released.kib,
+                "file pages let go again after a module started"
+            ),
+            Ok(Err(error)) => debug!(%error, "file pages kept"),
+            Err(error) => debug!(%error, "file pages kept"),
+        }
+        first = false;
+        // A module starts, then is up (or failed) again.
+        while !starting() {
+            tokio::time::sleep(STARTED_POLL).await;
+        }
+        while starting() {
+            tokio::time::sleep(STARTED_POLL).await;
+        }
     }
 }
 
@@ -398,7 +418,7 @@ pub async fn run(prepared: Prepared, listener: TcpListener, shutdown: impl Futur
     };
     let metrics = Arc::new(metrics);
     let supervisor = Arc::new(Supervisor::start(&config.modules, &session, early, metrics));
-    tokio::spawn(let_go_of_start_up(supervisor.modules()));
+    tokio::spawn(let_go_after_starts(Arc::clone(&supervisor)));
     let proxy = Arc::new(Proxy::new(supervisor.modules(), config.server.clone()));
     let metrics_stop = tokio_util::sync::CancellationToken::new();
     if let Some((port, ray)) = ray_metrics {

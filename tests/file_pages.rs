@@ -1,10 +1,15 @@
-//! Start-up's file pages: let go once no module is starting any more, the
-//! host serving as before.
+//! Start-up's file pages: let go once no module is starting any more, and
+//! again after a module's restart, the host serving as before.
 
-use crate::support::{dashd, eventually, test_module, WAIT};
+use nix::sys::signal::Signal;
+
+use crate::support::{dashd, eventually, kill, test_module, WAIT};
 
 /// The line `src/lib.rs` logs when it has let go of them.
 const LET_GO: &str = "start-up's file pages let go";
+
+/// The line it logs (at debug) each time after a module started again.
+const AGAIN: &str = "file pages let go again after a module started";
 
 /// `released_kib=<n>` of the line.
 fn released_kib(log: &str) -> Option<u64> {
@@ -64,4 +69,13 @@ async fn start_ups_file_pages_are_let_go_once_the_modules_started() {
         report["incarnation"], 0,
         "restarted after the let-go: {report:#}"
     );
+    // A restart maps the spawning code again: let go again once the new
+    // incarnation is up, not before.
+    assert!(!d.log().contains(AGAIN), "{}", d.log());
+    let pid = report["pid"].as_u64().expect("pid");
+    kill(pid, Signal::SIGKILL);
+    d.healthy("slow", 1).await;
+    d.logged(AGAIN).await;
+    let echo = client.get(d.url("/test/echo")).send().await.expect("echo");
+    assert_eq!(echo.status(), 200);
 }

@@ -73,8 +73,9 @@ fn legacy_hash_start(name: &str) -> Option<usize> {
         .then_some(name.len() - HASH + 3)
 }
 
-/// A script that adds [`HOT_SECTION`], made of `patterns` in their order,
-/// before `.text` in the linker's default layout.
+/// A script that adds [`HOT_SECTION`], made of `patterns` in their order
+/// (each followed by its `.text.unlikely.` twin), before `.text` in the
+/// linker's default layout.
 fn linker_script(patterns: &[String]) -> String {
     use std::fmt::Write as _;
     let mut script = String::from(
@@ -84,6 +85,11 @@ fn linker_script(patterns: &[String]) -> String {
     let _ = writeln!(script, "  {HOT_SECTION} :\n  {{");
     for pattern in patterns {
         let _ = writeln!(script, "    *({pattern})");
+        // A function LLVM deems cold (`#[cold]`, such as a vector's growth
+        // or a lock's slow path) comes in `.text.unlikely.<symbol>`.
+        if let Some(symbol) = pattern.strip_prefix(".text.") {
+            let _ = writeln!(script, "    *(.text.unlikely.{symbol})");
+        }
     }
     script.push_str("  }\n}\nINSERT BEFORE .text;\n");
     script
@@ -154,5 +160,10 @@ mod tests {
         let exact = script.find(&format!("*(.text.{LEGACY}*)")).expect("exact");
         let open = script.find("17h*)").expect("open");
         assert!(exact < open, "{script}");
+        // Each pattern's cold twin right behind it.
+        let cold = script
+            .find(&format!("*(.text.unlikely.{LEGACY}*)"))
+            .expect("cold");
+        assert!(exact < cold && cold < script.find("*(.text.main*)").expect("main"));
     }
 }

@@ -6,12 +6,13 @@
 //! loader's relocation table), and the kernel maps the file pages around
 //! each page run (64 KiB at a time). They stay in the host's resident set
 //! for good: 6.6 MiB of file pages at start, of which serving small
-//! requests, websockets and streams uses about 2. Once the modules have
-//! started, [`release`] drops the host's mappings of every page of its
-//! executable and shared libraries (`MADV_DONTNEED`); what serving runs
-//! next is mapped again from the page cache (a minor fault a page, a few
-//! hundred once), and what it never runs stays out of the host's resident
-//! set, free for the kernel to reclaim.
+//! requests, websockets and streams maps again under 3. Once the modules
+//! have started (and again after a module started later, since spawning
+//! maps its code again), [`release`] drops the host's mappings of every
+//! page of its executable and shared libraries (`MADV_DONTNEED`); what
+//! serving runs next is mapped again from the page cache (a minor fault a
+//! page, a few hundred once), and what it never runs stays out of the
+//! host's resident set, free for the kernel to reclaim.
 //!
 //! Only mappings that hold nothing but the file's bytes are dropped:
 //! private, not writable, with no page of their own (`Anonymous: 0 kB`;

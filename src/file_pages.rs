@@ -53,20 +53,9 @@ fn lifelong(path: &str, exe: &str) -> bool {
 /// resident.
 fn releasable(smaps: &str, exe: &str) -> Vec<Mapping> {
     let mut found = Vec::new();
-    // The mapping being read: its range, whether it qualifies by its
-    // header, and its resident size once read.
-    let mut current: Option<(usize, usize, bool, u64)> = None;
-    let mut finish = |current: Option<(usize, usize, bool, u64)>, anonymous: Option<u64>| {
-        if let (Some((start, end, true, rss_kib)), Some(0)) = (current, anonymous) {
-            if rss_kib > 0 {
-                found.push(Mapping {
-                    start,
-                    end,
-                    rss_kib,
-                });
-            }
-        }
-    };
+    // The mapping being read, when its header qualifies; its resident
+    // size filled in once read.
+    let mut current: Option<Mapping> = None;
     for line in smaps.lines() {
         if let Some((field, value)) = line.split_once(':') {
             if !field.contains(' ') && !field.contains('-') {
@@ -76,44 +65,47 @@ fn releasable(smaps: &str, exe: &str) -> Vec<Mapping> {
                     .trim()
                     .parse::<u64>()
                     .ok();
-                match field {
-                    "Rss" => {
-                        if let (Some(c), Some(kib)) = (current.as_mut(), kib) {
-                            c.3 = kib;
+                match (field, kib) {
+                    ("Rss", Some(kib)) => {
+                        if let Some(mapping) = current.as_mut() {
+                            mapping.rss_kib = kib;
                         }
                     }
                     // The last field the decision needs: decide now.
-                    "Anonymous" => finish(current.take(), kib),
+                    ("Anonymous", anonymous) => {
+                        if let Some(mapping) = current.take() {
+                            if anonymous == Some(0) && mapping.rss_kib > 0 {
+                                found.push(mapping);
+                            }
+                        }
+                    }
                     _ => {}
                 }
                 continue;
             }
         }
-        // A header: `start-end perms offset dev inode [path]`.
-        let mut words = line.split_whitespace();
-        let (Some(range), Some(perms)) = (words.next(), words.next()) else {
-            current = None;
-            continue;
-        };
-        let path = words.nth(3).unwrap_or("");
-        let Some((start, end)) = range.split_once('-').and_then(|(s, e)| {
-            Some((
-                usize::from_str_radix(s, 16).ok()?,
-                usize::from_str_radix(e, 16).ok()?,
-            ))
-        }) else {
-            current = None;
-            continue;
-        };
-        let perms = perms.as_bytes();
-        let qualifies = perms.len() == 4
-            && perms[1] == b'-'
-            && perms[3] == b'p'
-            && path.starts_with('/')
-            && lifelong(path, exe);
-        current = Some((start, end, qualifies, 0));
+        current = qualifying(line, exe);
     }
     found
+}
+
+/// The mapping a header (`start-end perms offset dev inode [path]`) opens,
+/// when it may qualify: private, not writable, of a lifelong file.
+fn qualifying(header: &str, exe: &str) -> Option<Mapping> {
+    let mut words = header.split_whitespace();
+    let (range, perms) = (words.next()?, words.next()?.as_bytes());
+    let path = words.nth(3).unwrap_or("");
+    let (start, end) = range.split_once('-')?;
+    let qualifies = perms.len() == 4
+        && perms[1] == b'-'
+        && perms[3] == b'p'
+        && path.starts_with('/')
+        && lifelong(path, exe);
+    qualifies.then_some(Mapping {
+        start: usize::from_str_radix(start, 16).ok()?,
+        end: usize::from_str_radix(end, 16).ok()?,
+        rss_kib: 0,
+    })
 }
 
 /// Drops the host's mappings of the pages of its executable and shared
@@ -254,15 +246,7 @@ mod tests {
     #[test]
     fn the_process_still_runs_what_it_dropped() {
         let file_kib = || {
-            let status = std::fs::read_to_string("/proc/self/status").expect("status");
-            let line = status
-                .lines()
-                .find(|l| l.starts_with("RssFile:"))
-                .expect("RssFile");
-            line.split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse::<u64>().ok())
-                .expect("kB")
+            ray_dashd_contract::proc::status_kib(std::process::id(), "RssFile").expect("RssFile")
         };
         let before = file_kib();
         let released = release().expect("release");

@@ -26,15 +26,16 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io::Cursor;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
 use crate::connection::ModuleStream;
@@ -49,12 +50,14 @@ use tracing::debug;
 
 /// How long the closing handshake may take once a close was sent.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Read buffer per direction to begin with. It doubles, up to
-/// [`MAX_READ_BUFFER`], each time a read fills it (a large message
-/// streaming through); its bytes start again at its front whenever it is
-/// empty, and it is let go while the source has nothing to read
-/// ([`Half::poll_read`]): an idle websocket holds no buffer, and a busy one only
-/// the front of one.
+/// Read buffer per direction to begin with: while nothing waits in a
+/// half's buffer, a read of this size lands on the stack and only what
+/// came is kept ([`Half::poll_read_fresh`]). A read that fills it (a large
+/// message streaming through) moves the half to a buffer that doubles, up
+/// to [`MAX_READ_BUFFER`], each time a read fills it; its bytes start again
+/// at its front whenever it is empty, and it is let go while the source
+/// has nothing to read ([`Half::poll_read`]): an idle websocket holds no
+/// buffer, and a busy one only the front of one.
 const READ_BUFFER: usize = 4 * 1024;
 /// The most the read buffer grows to; a frame larger than this streams
 /// through.
@@ -186,7 +189,9 @@ pub(super) fn relay(
             Half::new(Peer::Client, client.early),
             Half::new(Peer::Module, module.early),
         ],
-        failed: Some(Box::pin(module_failed.cancelled_owned())),
+        failed: Some(Box::pin(module_failed.clone().cancelled_owned())),
+        module_failed,
+        watching: None,
         shutdown,
         deadline: None,
         max_message,
@@ -204,6 +209,13 @@ pub(super) struct Relay {
     halves: [Half; 2],
     /// Fires when the module's incarnation fails; `None` once it has.
     failed: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    /// The token `failed` waits on: while it is not cancelled and the relay
+    /// is polled with the waker `failed` holds already (a task's waker does
+    /// not change), `failed` needs no poll of its own. Polling it anyway
+    /// locked its notifier and compared wakers on every message.
+    module_failed: CancellationToken,
+    /// The waker `failed` was last polled with.
+    watching: Option<Waker>,
     shutdown: CancellationToken,
     /// Set once a close has crossed or been made, or a half has stopped:
     /// the rest of the relay must end by then.
@@ -219,9 +231,20 @@ impl Future for Relay {
         let this = self.get_mut();
         let [up, down] = &mut this.halves;
         let name = &*this.name;
-        if let Some(failed) = &mut this.failed {
-            if failed.as_mut().poll(cx).is_ready() {
+        let watched = this
+            .watching
+            .as_ref()
+            .is_some_and(|waker| waker.will_wake(cx.waker()));
+        if let Some(failed) = this
+            .failed
+            .as_mut()
+            .filter(|_| !watched || this.module_failed.is_cancelled())
+        {
+            if failed.as_mut().poll(cx).is_pending() {
+                this.watching = Some(cx.waker().clone());
+            } else {
                 this.failed = None;
+                this.watching = None;
                 // The supervisor marks a shutdown before it ends the
                 // incarnations, so this tells the two apart.
                 let shutting_down = this.shutdown.is_cancelled();
@@ -438,12 +461,16 @@ impl Half {
     }
 
     /// Reads what the source has. While it has nothing, an empty buffer is
-    /// let go, and taken again (`size`) when the source wakes the relay.
+    /// let go; with nothing waiting, the read lands on the stack first and
+    /// only what came is kept ([`Half::poll_read_fresh`]).
     fn poll_read(
         &mut self,
         cx: &mut Context<'_>,
         source: &mut dyn Io,
     ) -> Poll<std::io::Result<usize>> {
+        if self.buf.is_empty() && self.size == READ_BUFFER {
+            return self.poll_read_fresh(cx, source);
+        }
         if self.buf.is_empty() && self.buf.capacity() < self.size {
             // Back to the front: no copy, no allocation.
             let _ = self.buf.try_reclaim(self.size);
@@ -465,6 +492,42 @@ impl Half {
                 Poll::Ready(Ok(n))
             }
             read => read,
+        }
+    }
+
+    /// Reads into a buffer on the stack when nothing waits in `buf` and it
+    /// has not grown: a small message (the usual one) then costs one
+    /// allocation of its own size, and a source with nothing to read none.
+    /// Allocating the whole read buffer for every poll, and letting it go
+    /// when the poll found nothing, took two trips through the allocator's
+    /// slow path per frame and the other half's (see docs/benchmarks.md,
+    /// session 25).
+    fn poll_read_fresh(
+        &mut self,
+        cx: &mut Context<'_>,
+        source: &mut dyn Io,
+    ) -> Poll<std::io::Result<usize>> {
+        let mut stack = [MaybeUninit::<u8>::uninit(); READ_BUFFER];
+        let mut read = ReadBuf::uninit(&mut stack);
+        match Pin::new(source).poll_read(cx, &mut read) {
+            Poll::Pending => {
+                self.buf = BytesMut::new();
+                Poll::Pending
+            }
+            Poll::Ready(Ok(())) => {
+                let filled = read.filled();
+                if filled.len() == READ_BUFFER {
+                    // The read took all the room there was: more is coming,
+                    // into a buffer that grows (see `poll_read`).
+                    self.size *= 2;
+                    self.buf = BytesMut::with_capacity(self.size);
+                } else {
+                    self.buf = BytesMut::with_capacity(filled.len());
+                }
+                self.buf.extend_from_slice(filled);
+                Poll::Ready(Ok(filled.len()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
         }
     }
 
@@ -958,6 +1021,42 @@ mod tests {
             at_module.is_empty(),
             "nothing after the close: {at_module:?}"
         );
+    }
+
+    /// Small messages are read on the stack, a large one fills that read
+    /// and goes on in a buffer that grows: each crosses whole, in order,
+    /// both ways.
+    #[tokio::test]
+    async fn small_and_large_messages_cross_whole_both_ways() {
+        let (client_near, mut client) = tokio::io::duplex(256 * 1024);
+        let (module_near, mut module) = tokio::io::duplex(256 * 1024);
+        let relay = tokio::spawn(relay(
+            Socket::new(client_near, Bytes::new()),
+            Socket::new(module_near, Bytes::new()),
+            CancellationToken::new(),
+            CancellationToken::new(),
+            1 << 20,
+            "m".into(),
+        ));
+        let large: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let messages = [&b"a"[..], &large, b"bc", &large[..READ_BUFFER], b"d"];
+        let (mut at_module, mut at_client) = (Vec::new(), Vec::new());
+        for payload in messages {
+            let binary = OpCode::Data(Data::Binary);
+            client
+                .write_all(&frame(binary, true, payload, true))
+                .await
+                .expect("write");
+            let (_, got) = next_frame(&mut module, &mut at_module).await;
+            assert!(got == payload, "{} bytes to the module", payload.len());
+            module
+                .write_all(&frame(binary, true, payload, false))
+                .await
+                .expect("write");
+            let (_, got) = next_frame(&mut client, &mut at_client).await;
+            assert!(got == payload, "{} bytes to the client", payload.len());
+        }
+        relay.abort();
     }
 
     #[tokio::test]

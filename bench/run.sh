@@ -42,10 +42,13 @@ case "$BACKEND" in aiohttp | rust) ;; *) die "BENCH_BACKEND must be aiohttp or r
 
 # --- build ----------------------------------------------------------------------
 if [[ "$BUILD" == 1 ]]; then
-    packages=(-p ray-dashd -p ray-dashd-bench)
+    # ray-dashd alone first, as its users build it: built together with
+    # the helpers, Cargo unifies other features into its dependencies, its
+    # functions get other names and the link order finds fewer of them.
+    packages=(-p ray-dashd-bench)
     [[ "$BACKEND" == rust ]] && packages+=(-p ray-dashd-test-module)
-    log "cargo build --release ${packages[*]}"
-    (cd "$ROOT" && cargo build --release "${packages[@]}") >&2
+    log "cargo build --release -p ray-dashd; cargo build --release ${packages[*]}"
+    (cd "$ROOT" && cargo build --release -p ray-dashd && cargo build --release "${packages[@]}") >&2
 fi
 DASHD_BIN=${BENCH_DASHD_BIN:-$ROOT/target/release/ray-dashd}   # another build of ray-dashd, for A/B runs
 LOADGEN=$ROOT/target/release/ray-dashd-bench

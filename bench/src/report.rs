@@ -56,6 +56,37 @@ impl Results {
             .collect();
         median(values)
     }
+
+    /// How far apart the rounds' values of `field` lie: (largest −
+    /// smallest) / median, with the number of rounds; `None` with fewer
+    /// than two.
+    fn spread(
+        &self,
+        kind: &str,
+        target: &str,
+        conns: Option<u64>,
+        field: &str,
+    ) -> Option<(f64, usize)> {
+        let values: Vec<f64> = self
+            .0
+            .iter()
+            .filter(|v| {
+                v["kind"] == kind
+                    && v["target"] == target
+                    && conns.is_none_or(|c| v["conns"].as_u64() == Some(c))
+            })
+            .filter_map(|v| v["result"].get(field)?.as_f64())
+            .collect();
+        if values.len() < 2 {
+            return None;
+        }
+        let (low, high) = values
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+        let rounds = values.len();
+        let middle = median(values)?;
+        (middle > 0.0).then(|| ((high - low) / middle, rounds))
+    }
 }
 
 /// How a row is judged against its target.
@@ -350,6 +381,30 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
                 )
             })
             .collect();
+    let mut noise = Vec::new();
+    let mut rounds = 0;
+    for (kind, conns, field, what) in http_conns
+        .iter()
+        .map(|&c| ("http", c, "rps", "req/s"))
+        .chain(
+            ws_conns
+                .iter()
+                .map(|&c| ("ws", c, "msgs_per_s", "ws echoes/s")),
+        )
+    {
+        if let Some((spread, n)) = r.spread(kind, "direct", Some(conns), field) {
+            rounds = rounds.max(n);
+            noise.push(format!("{what} {conns} conn {:.0} %", spread * 100.0));
+        }
+    }
+    if !noise.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNoise: the direct column's own spread over its {rounds} rounds ((largest − smallest) / median): {}. \
+             A ratio between two columns that differs from 1 by less than this can be the machine, not the proxy.",
+            noise.join(", ")
+        );
+    }
     if !problems.is_empty() {
         out.push_str("\nErrors during the run:\n");
         out.push_str(&problems.join("\n"));
@@ -393,4 +448,43 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
 
 fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.2}×"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The noise line gives the direct column's spread over the rounds,
+    /// point by point, and is left out with a single round.
+    #[test]
+    fn the_noise_line_is_the_direct_columns_spread() {
+        let line = |target: &str, kind: &str, conns: u64, round: u64, field: &str, v: f64| {
+            format!(
+                r#"{{"kind":"{kind}","target":"{target}","conns":{conns},"round":{round},"result":{{"{field}":{v}}}}}"#
+            )
+        };
+        let dir = std::env::temp_dir().join(format!("report-noise-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let input = dir.join("latest.jsonl");
+        let mut lines = Vec::new();
+        for (round, rps, msgs) in [(1, 90.0, 1000.0), (2, 110.0, 1050.0), (3, 100.0, 1000.0)] {
+            lines.push(line("direct", "http", 1, round, "rps", rps));
+            lines.push(line("dashd", "http", 1, round, "rps", rps * 2.0));
+            lines.push(line("direct", "ws", 8, round, "msgs_per_s", msgs));
+        }
+        std::fs::write(&input, lines.join("\n")).expect("write");
+        let text = render(&ReportArgs {
+            input: input.clone(),
+        })
+        .expect("render");
+        assert!(
+            text.contains("over its 3 rounds")
+                && text.contains("req/s 1 conn 20 %, ws echoes/s 8 conn 5 %"),
+            "{text}"
+        );
+        std::fs::write(&input, lines[..3].join("\n")).expect("write");
+        let text = render(&ReportArgs { input }).expect("render");
+        assert!(!text.contains("Noise"), "{text}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -42,9 +42,10 @@ case "$BACKEND" in aiohttp | rust) ;; *) die "BENCH_BACKEND must be aiohttp or r
 
 # --- build ----------------------------------------------------------------------
 if [[ "$BUILD" == 1 ]]; then
-    # ray-dashd alone first, as its users build it: built together with
-    # the helpers, Cargo unifies other features into its dependencies, its
-    # functions get other names and the link order finds fewer of them.
+    # ray-dashd alone first, as its users build it, so that the binary
+    # measured is theirs: built in one command with other packages, its
+    # dependencies may get other features unified in, its functions other
+    # names, and the link order then finds fewer of them.
     packages=(-p ray-dashd-bench)
     [[ "$BACKEND" == rust ]] && packages+=(-p ray-dashd-test-module)
     log "cargo build --release -p ray-dashd; cargo build --release ${packages[*]}"

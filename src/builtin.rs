@@ -5,9 +5,20 @@
 //! crate under `modules/`, whose own binary stays for configs that name it.
 
 use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use clap::{Subcommand, ValueEnum};
+use ray_dashd_contract::names::SOCKET_VAR;
+use tracing::{debug, info};
+
+/// How often a built-in module looks whether its socket is bound yet.
+const SOCKET_POLL: Duration = Duration::from_millis(100);
+
+/// How long it looks: past that, it lets go of its start-up pages anyway.
+const SERVING_WITHIN: Duration = Duration::from_secs(60);
 
 /// The program name that stands for this very binary in a module's command
 /// (see [`crate::config::ModuleSpec::program`]): the built-in config and
@@ -74,6 +85,9 @@ pub enum BuiltinModule {
 impl Builtin {
     /// Runs the program to its end; its exit status.
     pub fn run(self) -> ExitCode {
+        if !matches!(self, Builtin::ForkShim { .. }) {
+            let_go_once_serving();
+        }
         match self {
             Builtin::Module {
                 name: BuiltinModule::Logs,
@@ -102,4 +116,47 @@ impl Builtin {
 fn lean_malloc() {
     crate::allocator::map_large_blocks();
     crate::allocator::trim_periodically();
+}
+
+/// Lets go of the module's start-up file pages, as the host does of its own
+/// ([`crate::file_pages`]), once the module serves: a thread of its own
+/// waits until the module's socket (`RAY_DASHD_SOCKET`) is bound by this
+/// process (a file other than the one there when it started, if any: an
+/// earlier incarnation's), for [`SERVING_WITHIN`] at most. Each built-in
+/// module is the whole binary, and held 5.6 MiB of its pages after start
+/// with the default config.
+fn let_go_once_serving() {
+    let Some(socket) = std::env::var_os(SOCKET_VAR).map(PathBuf::from) else {
+        return;
+    };
+    // The file's identity: a new socket has another inode, or, should the
+    // inode be reused, a later change time. (Not compared with the clock:
+    // file times come from the kernel's coarse clock, which can be behind
+    // the process's own reading of the time.)
+    let identity = |path: &PathBuf| {
+        std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
+    };
+    let earlier = identity(&socket);
+    let spawned = std::thread::Builder::new()
+        .name("file-pages".into())
+        .spawn(move || {
+            let deadline = Instant::now() + SERVING_WITHIN;
+            let bound = || identity(&socket).is_some_and(|now| Some(now) != earlier);
+            while !bound() && Instant::now() < deadline {
+                std::thread::sleep(SOCKET_POLL);
+            }
+            match crate::file_pages::release() {
+                Ok(released) => info!(
+                    mappings = released.mappings,
+                    released_kib = released.kib,
+                    "start-up's file pages let go"
+                ),
+                Err(error) => debug!(%error, "start-up's file pages kept"),
+            }
+        });
+    if let Err(error) = spawned {
+        debug!(%error, "start-up's file pages kept: no thread");
+    }
 }

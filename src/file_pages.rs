@@ -20,6 +20,9 @@
 //! of the executable or a shared object, which stay mapped for the
 //! process's life. Dropping such a page loses nothing: the next access
 //! reads the same bytes again.
+//!
+//! The built-in modules (the whole binary too) call [`release`] once their
+//! socket is bound (`crate::builtin`), and the cgroup warden once started.
 
 use std::io;
 

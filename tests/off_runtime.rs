@@ -6,10 +6,11 @@
 
 use std::time::Duration;
 
-use ray_dashd_contract::proc;
 use serde_json::Value;
 
-use crate::support::{client, dashd, eventually, process_gone, test_module, Dashd, WAIT};
+use crate::support::{
+    client, dashd, eventually, process_gone, test_module, warden_of, Dashd, WAIT,
+};
 
 /// How long a fault holds its thread: longer than any bound below, so a
 /// runtime it held would fail them.
@@ -111,14 +112,6 @@ async fn a_stuck_cgroup_removal_holds_up_no_request() {
         ended.is_some(),
         "the cgroup warden {warden} outlived the host"
     );
-}
-
-/// The pid of the cgroup warden that host `host` started.
-fn warden_of(host: u32) -> Option<u32> {
-    proc::pids().ok()?.find(|&pid| {
-        proc::stat(pid).is_ok_and(|s| s.ppid == host)
-            && proc::cmdline(pid).is_ok_and(|args| args.iter().any(|a| a == "--cgroup-warden"))
-    })
 }
 
 /// The cgroup v2 folder of process `pid`, if it is in one below the root

@@ -684,6 +684,14 @@ where
     }
 }
 
+/// The pid of the cgroup warden that host `host` started.
+pub fn warden_of(host: u32) -> Option<u32> {
+    proc::pids().ok()?.find(|&pid| {
+        proc::stat(pid).is_ok_and(|s| s.ppid == host)
+            && proc::cmdline(pid).is_ok_and(|args| args.iter().any(|a| a == "--cgroup-warden"))
+    })
+}
+
 /// `/proc/<pid>/stat`; `None` once the process is gone.
 pub fn proc_stat(pid: u32) -> Option<proc::Stat> {
     proc::stat(pid).ok()

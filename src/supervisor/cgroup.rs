@@ -429,6 +429,9 @@ pub fn run_warden(base: &Path) -> ExitCode {
     let _ = stop.thread_block();
     // Started as /proc/self/exe, it would show in `ps` as "exe".
     let _ = nix::sys::prctl::set_name(c"dashd-warden");
+    // It only waits from here on: the binary's pages it mapped to start
+    // (3 MiB) are let go, as the host lets go of its own.
+    let _ = crate::file_pages::release();
     let mut stdin = io::stdin().lock();
     let mut buf = [0u8; 64];
     loop {

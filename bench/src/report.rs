@@ -30,11 +30,17 @@ const TARGETS: [&str; 4] = ["direct", "dashd", "nginx", "relay"];
 struct Results(Vec<Value>);
 
 impl Results {
-    fn find(&self, kind: &str, target: &str, conns: Option<u64>) -> Option<&Value> {
+    /// Every result of `kind` from `target` (at `conns`, when given), one
+    /// per round, in the order they were written.
+    fn matching<'a, 'k>(
+        &'a self,
+        kind: &'k str,
+        target: &'k str,
+        conns: Option<u64>,
+    ) -> impl DoubleEndedIterator<Item = &'a Value> + use<'a, 'k> {
         self.0
             .iter()
-            .rev()
-            .find(|v| {
+            .filter(move |v| {
                 v["kind"] == kind
                     && v["target"] == target
                     && conns.is_none_or(|c| v["conns"].as_u64() == Some(c))
@@ -42,19 +48,20 @@ impl Results {
             .map(|v| &v["result"])
     }
 
+    fn find(&self, kind: &str, target: &str, conns: Option<u64>) -> Option<&Value> {
+        self.matching(kind, target, conns).next_back()
+    }
+
+    /// `field` of every matching result.
+    fn values(&self, kind: &str, target: &str, conns: Option<u64>, field: &str) -> Vec<f64> {
+        self.matching(kind, target, conns)
+            .filter_map(|result| result.get(field)?.as_f64())
+            .collect()
+    }
+
     /// The median of `field` over every matching result (one per round).
     fn number(&self, kind: &str, target: &str, conns: Option<u64>, field: &str) -> Option<f64> {
-        let values: Vec<f64> = self
-            .0
-            .iter()
-            .filter(|v| {
-                v["kind"] == kind
-                    && v["target"] == target
-                    && conns.is_none_or(|c| v["conns"].as_u64() == Some(c))
-            })
-            .filter_map(|v| v["result"].get(field)?.as_f64())
-            .collect();
-        median(values)
+        median(self.values(kind, target, conns, field))
     }
 
     /// How far apart the rounds' values of `field` lie: (largest −
@@ -67,16 +74,7 @@ impl Results {
         conns: Option<u64>,
         field: &str,
     ) -> Option<(f64, usize)> {
-        let values: Vec<f64> = self
-            .0
-            .iter()
-            .filter(|v| {
-                v["kind"] == kind
-                    && v["target"] == target
-                    && conns.is_none_or(|c| v["conns"].as_u64() == Some(c))
-            })
-            .filter_map(|v| v["result"].get(field)?.as_f64())
-            .collect();
+        let values = self.values(kind, target, conns, field);
         if values.len() < 2 {
             return None;
         }

@@ -306,10 +306,22 @@ record() {
     fi
 }
 
+# The targets in round R: as listed in odd rounds, reversed in even ones,
+# so that over each pair of rounds every column takes the same mean place
+# in time (a drift of the host's speed over a round then weighs on each
+# alike), and ray-dashd and nginx each run right after the other once.
+round_order() {
+    local n=${#targets[@]} i
+    for ((i = 0; i < n; i++)); do
+        if ((ROUND % 2)); then printf '%s\n' "${targets[i]}"; else printf '%s\n' "${targets[n - 1 - i]}"; fi
+    done
+}
+
 record rss_start dashd 0 -- rss --pids "$DASHD_PID"
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+    mapfile -t order < <(round_order)
     for c in $HTTP_CONNS; do
-        for t in "${targets[@]}"; do
+        for t in "${order[@]}"; do
             cpu=$(cpu_pids "$t")
             record http "$t" "$c" -- http --target "$(target_addr "$t")" --path "$SMALL_PATH" \
                 --connections "$c" --duration "$DURATION" --warmup "$WARMUP" \
@@ -317,14 +329,14 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
         done
     done
     if ((ROUND == 1)); then record rss_http dashd 0 -- rss --pids "$DASHD_PID"; fi
-    for t in "${targets[@]}"; do
+    for t in "${order[@]}"; do
         cpu=$(cpu_pids "$t")
         record stream "$t" 1 -- stream --target "$(target_addr "$t")" --path "$STREAM_PATH" \
             --expect-bytes "$STREAM_BYTES" --runs "$STREAM_RUNS" ${cpu:+--cpu-pids "$cpu"} --clk-tck "$CLK_TCK"
     done
     if ((ROUND == 1)); then record rss_stream dashd 0 -- rss --pids "$DASHD_PID"; fi
     for c in $WS_CONNS; do
-        for t in "${targets[@]}"; do
+        for t in "${order[@]}"; do
             cpu=$(cpu_pids "$t")
             record ws "$t" "$c" -- ws --target "$(target_addr "$t")" --path "$WS_PATH" \
                 --connections "$c" --duration "$DURATION" --warmup "$WARMUP" \
@@ -349,7 +361,7 @@ if [[ "$THREADS" -le 1 ]]; then runtime="current-thread runtime"; else runtime="
     echo "- machine: nproc $(nproc), $MODEL, Linux $(uname -r)"
     echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV (working tree as built); host CPU ${BUSY_BEFORE}% busy in the second before the run (other load skews every column)"
     echo "- backend: $BACKEND_DESC; routes $SMALL_PATH (http), ${STREAM_PATH%%\?*} (stream), $WS_PATH (websocket)"
-    echo "- load: ray-dashd-bench ($runtime), $ROUNDS round(s) of every point, interleaved (medians shown), closed loop, HTTP/1.1 keep-alive, ${DURATION} s measured after ${WARMUP} s warm-up per point; stream: $((STREAM_BYTES / 1048576)) MiB × $STREAM_RUNS runs (best); websocket: 32-byte text, one outstanding per connection"
+    echo "- load: ray-dashd-bench ($runtime), $ROUNDS round(s) of every point, interleaved, the targets' order reversed every other round (medians shown), closed loop, HTTP/1.1 keep-alive, ${DURATION} s measured after ${WARMUP} s warm-up per point; stream: $((STREAM_BYTES / 1048576)) MiB × $STREAM_RUNS runs (best); websocket: 32-byte text, one outstanding per connection"
     echo "- ray-dashd: runtime threads ${DASHD_WORKERS:-1 (its default)}, log level ${RAY_DASHD_LOG:-${RUST_LOG:-info (default)}}${DASHD_ENV:+, extra environment: $DASHD_ENV}"
     echo "- link order (peak RSS depends on it): $("$ROOT/scripts/symbol-order" --check "$DASHD_BIN" 2>&1 || echo "not checked")"
     echo "- nginx: $NGINX_DESC"

@@ -7,6 +7,7 @@
 //!   "conns": N, "round": R, "result": {...}}` where `result` is a subcommand's
 //! output. A measurement repeated over rounds is shown as its median.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -56,6 +57,35 @@ impl Results {
     fn values(&self, kind: &str, target: &str, conns: Option<u64>, field: &str) -> Vec<f64> {
         self.matching(kind, target, conns)
             .filter_map(|result| result.get(field)?.as_f64())
+            .collect()
+    }
+
+    /// `field` of every matching result, by the round it was measured in.
+    fn by_round(
+        &self,
+        kind: &str,
+        target: &str,
+        conns: Option<u64>,
+        field: &str,
+    ) -> BTreeMap<u64, f64> {
+        self.0
+            .iter()
+            .filter(|v| {
+                v["kind"] == kind
+                    && v["target"] == target
+                    && conns.is_none_or(|c| v["conns"].as_u64() == Some(c))
+            })
+            .filter_map(|v| Some((v["round"].as_u64()?, v["result"].get(field)?.as_f64()?)))
+            .collect()
+    }
+
+    /// ray-dashd's value over nginx's, round by round, for the rounds that
+    /// measured both.
+    fn against_nginx(&self, kind: &str, conns: Option<u64>, field: &str) -> Vec<f64> {
+        let nginx = self.by_round(kind, "nginx", conns, field);
+        self.by_round(kind, "dashd", conns, field)
+            .into_iter()
+            .filter_map(|(round, dashd)| ratio(Some(dashd), nginx.get(&round).copied()))
             .collect()
     }
 
@@ -403,6 +433,9 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
             noise.join(", ")
         );
     }
+    if has_nginx {
+        out.push_str(&against_nginx(&r, &http_conns, &ws_conns));
+    }
     if !problems.is_empty() {
         out.push_str("\nErrors during the run:\n");
         out.push_str(&problems.join("\n"));
@@ -442,6 +475,115 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
         );
     }
     Ok(out.trim_end().to_owned())
+}
+
+/// Which way a measure is better.
+#[derive(Clone, Copy)]
+enum Better {
+    Higher,
+    Lower,
+}
+
+/// The section that sets ray-dashd beside nginx round by round: each
+/// round's ratio of the two, their median, and in how many rounds
+/// ray-dashd was at or ahead. Within a round the two columns run minutes
+/// apart at most, so a drift of the machine's speed over the run weighs
+/// less on these ratios than on the ratio of the two medians.
+fn against_nginx(r: &Results, http_conns: &[u64], ws_conns: &[u64]) -> String {
+    use Better::{Higher, Lower};
+    let mut measures: Vec<(String, &str, Option<u64>, &str, Better)> = Vec::new();
+    for &c in http_conns {
+        measures.push((
+            format!("small GET req/s, {c} conn"),
+            "http",
+            Some(c),
+            "rps",
+            Higher,
+        ));
+    }
+    for &c in http_conns {
+        measures.push((
+            format!("small GET p99, {c} conn"),
+            "http",
+            Some(c),
+            "p99_us",
+            Lower,
+        ));
+    }
+    for &c in http_conns {
+        let field = "cpu_us_per_req";
+        measures.push((
+            format!("proxy CPU per request, {c} conn"),
+            "http",
+            Some(c),
+            field,
+            Lower,
+        ));
+    }
+    measures.push((
+        "stream MiB/s".to_owned(),
+        "stream",
+        None,
+        "mib_per_s",
+        Higher,
+    ));
+    measures.push((
+        "proxy CPU per GiB streamed".to_owned(),
+        "stream",
+        None,
+        "cpu_ms_per_gib",
+        Lower,
+    ));
+    for &c in ws_conns {
+        measures.push((
+            format!("ws echoes/s, {c} conn"),
+            "ws",
+            Some(c),
+            "msgs_per_s",
+            Higher,
+        ));
+    }
+    for &c in ws_conns {
+        let field = "cpu_us_per_msg";
+        measures.push((
+            format!("proxy CPU per ws echo, {c} conn"),
+            "ws",
+            Some(c),
+            field,
+            Lower,
+        ));
+    }
+    let mut out = String::from(
+        "\nray-dashd against nginx, round by round (ray-dashd / nginx in each round):\n\n\
+         | measure | better | median of the rounds | each round | ray-dashd at or ahead |\n\
+         |---|---|---:|---|---:|\n",
+    );
+    for (label, kind, conns, field, better) in measures {
+        let ratios = r.against_nginx(kind, conns, field);
+        if ratios.is_empty() {
+            continue;
+        }
+        let ahead = ratios
+            .iter()
+            .filter(|&&x| match better {
+                Higher => x >= 1.0,
+                Lower => x <= 1.0,
+            })
+            .count();
+        let each: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
+        let _ = writeln!(
+            out,
+            "| {label} | {} | {} | {} | {ahead} of {} |",
+            match better {
+                Higher => "higher",
+                Lower => "lower",
+            },
+            fmt_ratio(median(ratios.clone())),
+            each.join(", "),
+            ratios.len(),
+        );
+    }
+    out
 }
 
 fn fmt_ratio(r: Option<f64>) -> String {
@@ -484,6 +626,57 @@ mod tests {
         std::fs::write(&input, lines[..3].join("\n")).expect("write");
         let text = render(&ReportArgs { input }).expect("render");
         assert!(!text.contains("Noise"), "{text}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The round-by-round section pairs ray-dashd's and nginx's values of
+    /// the same round (not the same place in the file), judges each
+    /// measure in its own direction, and is left out without nginx.
+    #[test]
+    fn rounds_pair_ray_dashd_with_nginx_of_the_same_round() {
+        let dir = std::env::temp_dir().join(format!("report-rounds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let input = dir.join("latest.jsonl");
+        // Round 2 is written before round 1 in nginx's column: paired by
+        // their place in the file, the ratios would be 0.82, 1.10, 1.20.
+        let lines: Vec<String> = [
+            ("dashd", 1, 900, 40),
+            ("nginx", 2, 1100, 50),
+            ("nginx", 1, 1000, 50),
+            ("dashd", 2, 1100, 60),
+            ("dashd", 3, 1200, 30),
+            ("nginx", 3, 1000, 50),
+        ]
+        .iter()
+        .map(|(target, round, msgs, cpu)| {
+            format!(
+                r#"{{"kind":"ws","target":"{target}","conns":1,"round":{round},"result":{{"msgs_per_s":{msgs},"cpu_us_per_msg":{cpu}}}}}"#
+            )
+        })
+        .collect();
+        std::fs::write(&input, lines.join("\n")).expect("write");
+        let text = render(&ReportArgs {
+            input: input.clone(),
+        })
+        .expect("render");
+        assert!(
+            text.contains("| ws echoes/s, 1 conn | higher | 1.00× | 0.90, 1.00, 1.20 | 2 of 3 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| proxy CPU per ws echo, 1 conn | lower | 0.80× | 0.80, 1.20, 0.60 | 2 of 3 |"
+            ),
+            "{text}"
+        );
+        let without: Vec<&str> = lines
+            .iter()
+            .map(String::as_str)
+            .filter(|l| !l.contains("nginx"))
+            .collect();
+        std::fs::write(&input, without.join("\n")).expect("write");
+        let text = render(&ReportArgs { input }).expect("render");
+        assert!(!text.contains("round by round"), "{text}");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

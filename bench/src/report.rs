@@ -31,22 +31,29 @@ const TARGETS: [&str; 4] = ["direct", "dashd", "nginx", "relay"];
 struct Results(Vec<Value>);
 
 impl Results {
-    /// Every result of `kind` from `target` (at `conns`, when given), one
+    /// Every line of `kind` from `target` (at `conns`, when given), one
     /// per round, in the order they were written.
+    fn lines<'a, 'k>(
+        &'a self,
+        kind: &'k str,
+        target: &'k str,
+        conns: Option<u64>,
+    ) -> impl DoubleEndedIterator<Item = &'a Value> + use<'a, 'k> {
+        self.0.iter().filter(move |v| {
+            v["kind"] == kind
+                && v["target"] == target
+                && conns.is_none_or(|c| v["conns"].as_u64() == Some(c))
+        })
+    }
+
+    /// The results of those lines.
     fn matching<'a, 'k>(
         &'a self,
         kind: &'k str,
         target: &'k str,
         conns: Option<u64>,
     ) -> impl DoubleEndedIterator<Item = &'a Value> + use<'a, 'k> {
-        self.0
-            .iter()
-            .filter(move |v| {
-                v["kind"] == kind
-                    && v["target"] == target
-                    && conns.is_none_or(|c| v["conns"].as_u64() == Some(c))
-            })
-            .map(|v| &v["result"])
+        self.lines(kind, target, conns).map(|v| &v["result"])
     }
 
     fn find(&self, kind: &str, target: &str, conns: Option<u64>) -> Option<&Value> {
@@ -68,13 +75,7 @@ impl Results {
         conns: Option<u64>,
         field: &str,
     ) -> BTreeMap<u64, f64> {
-        self.0
-            .iter()
-            .filter(|v| {
-                v["kind"] == kind
-                    && v["target"] == target
-                    && conns.is_none_or(|c| v["conns"].as_u64() == Some(c))
-            })
+        self.lines(kind, target, conns)
             .filter_map(|v| Some((v["round"].as_u64()?, v["result"].get(field)?.as_f64()?)))
             .collect()
     }
@@ -477,6 +478,16 @@ pub(crate) fn render(args: &ReportArgs) -> anyhow::Result<String> {
     Ok(out.trim_end().to_owned())
 }
 
+/// One measure of the round-by-round table, at each of `points`
+/// (connection counts; `None` for the stream).
+struct Measure<'a> {
+    what: &'a str,
+    kind: &'a str,
+    points: &'a [Option<u64>],
+    field: &'a str,
+    better: Better,
+}
+
 /// Which way a measure is better.
 #[derive(Clone, Copy)]
 enum Better {
@@ -491,74 +502,52 @@ enum Better {
 /// less on these ratios than on the ratio of the two medians.
 fn against_nginx(r: &Results, http_conns: &[u64], ws_conns: &[u64]) -> String {
     use Better::{Higher, Lower};
-    let mut measures: Vec<(String, &str, Option<u64>, &str, Better)> = Vec::new();
-    for &c in http_conns {
-        measures.push((
-            format!("small GET req/s, {c} conn"),
+    let http: Vec<Option<u64>> = http_conns.iter().copied().map(Some).collect();
+    let ws: Vec<Option<u64>> = ws_conns.iter().copied().map(Some).collect();
+    let once = [None];
+    let measure = |what, kind, points, field, better| Measure {
+        what,
+        kind,
+        points,
+        field,
+        better,
+    };
+    let measures = [
+        measure("small GET req/s", "http", &http, "rps", Higher),
+        measure("small GET p99", "http", &http, "p99_us", Lower),
+        measure(
+            "proxy CPU per request",
             "http",
-            Some(c),
-            "rps",
-            Higher,
-        ));
-    }
-    for &c in http_conns {
-        measures.push((
-            format!("small GET p99, {c} conn"),
-            "http",
-            Some(c),
-            "p99_us",
+            &http,
+            "cpu_us_per_req",
             Lower,
-        ));
-    }
-    for &c in http_conns {
-        let field = "cpu_us_per_req";
-        measures.push((
-            format!("proxy CPU per request, {c} conn"),
-            "http",
-            Some(c),
-            field,
+        ),
+        measure("stream MiB/s", "stream", &once, "mib_per_s", Higher),
+        measure(
+            "proxy CPU per GiB streamed",
+            "stream",
+            &once,
+            "cpu_ms_per_gib",
             Lower,
-        ));
-    }
-    measures.push((
-        "stream MiB/s".to_owned(),
-        "stream",
-        None,
-        "mib_per_s",
-        Higher,
-    ));
-    measures.push((
-        "proxy CPU per GiB streamed".to_owned(),
-        "stream",
-        None,
-        "cpu_ms_per_gib",
-        Lower,
-    ));
-    for &c in ws_conns {
-        measures.push((
-            format!("ws echoes/s, {c} conn"),
-            "ws",
-            Some(c),
-            "msgs_per_s",
-            Higher,
-        ));
-    }
-    for &c in ws_conns {
-        let field = "cpu_us_per_msg";
-        measures.push((
-            format!("proxy CPU per ws echo, {c} conn"),
-            "ws",
-            Some(c),
-            field,
-            Lower,
-        ));
-    }
+        ),
+        measure("ws echoes/s", "ws", &ws, "msgs_per_s", Higher),
+        measure("proxy CPU per ws echo", "ws", &ws, "cpu_us_per_msg", Lower),
+    ];
     let mut out = String::from(
         "\nray-dashd against nginx, round by round (ray-dashd / nginx in each round):\n\n\
          | measure | better | median of the rounds | each round | ray-dashd at or ahead |\n\
          |---|---|---:|---|---:|\n",
     );
-    for (label, kind, conns, field, better) in measures {
+    let points = measures.into_iter().flat_map(|m| {
+        m.points
+            .iter()
+            .map(move |&conns| (m.what, m.kind, conns, m.field, m.better))
+    });
+    for (what, kind, conns, field, better) in points {
+        let label = match conns {
+            Some(c) => format!("{what}, {c} conn"),
+            None => what.to_owned(),
+        };
         let ratios = r.against_nginx(kind, conns, field);
         if ratios.is_empty() {
             continue;
@@ -571,16 +560,16 @@ fn against_nginx(r: &Results, http_conns: &[u64], ws_conns: &[u64]) -> String {
             })
             .count();
         let each: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
+        let rounds = ratios.len();
+        let direction = match better {
+            Higher => "higher",
+            Lower => "lower",
+        };
         let _ = writeln!(
             out,
-            "| {label} | {} | {} | {} | {ahead} of {} |",
-            match better {
-                Higher => "higher",
-                Lower => "lower",
-            },
-            fmt_ratio(median(ratios.clone())),
+            "| {label} | {direction} | {} | {} | {ahead} of {rounds} |",
+            fmt_ratio(median(ratios)),
             each.join(", "),
-            ratios.len(),
         );
     }
     out

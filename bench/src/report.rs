@@ -497,9 +497,10 @@ enum Better {
 
 /// The section that sets ray-dashd beside nginx round by round: each
 /// round's ratio of the two, their median, and in how many rounds
-/// ray-dashd was at or ahead. Within a round the two columns run minutes
-/// apart at most, so a drift of the machine's speed over the run weighs
-/// less on these ratios than on the ratio of the two medians.
+/// ray-dashd was at or ahead. Within a round the two columns measure each
+/// point one right after the other (`run.sh`), so a drift of the machine's
+/// speed over the run weighs less on these ratios than on the ratio of
+/// the two medians.
 fn against_nginx(r: &Results, http_conns: &[u64], ws_conns: &[u64]) -> String {
     use Better::{Higher, Lower};
     let http: Vec<Option<u64>> = http_conns.iter().copied().map(Some).collect();

@@ -33,6 +33,7 @@ THREADS=${BENCH_LOADGEN_THREADS:-1}
 DASHD_WORKERS=${BENCH_DASHD_WORKERS:-}    # ray-dashd's runtime threads ([server] worker_threads); empty: its default (1)
 DASHD_ENV=${BENCH_DASHD_ENV:-}            # extra NAME=VALUE words for ray-dashd's environment, e.g. MALLOC_ARENA_MAX=2
 RESULTS_DIR=${BENCH_RESULTS_DIR:-$BENCH_DIR/results}
+PIN=${BENCH_PIN:-}                       # a CPU list (taskset -c): every process of the run kept on it; empty: the kernel places them
 
 BENCH_TAG=bench
 # shellcheck source=bench/lib.sh
@@ -270,6 +271,23 @@ if [[ "$RELAY_MODE" != off ]]; then
     fi
 fi
 
+# --- placement --------------------------------------------------------------------------
+# With BENCH_PIN, the load generator, the backend and every proxy run on
+# the CPUs named, all their threads (and the backend ray-dashd starts
+# again in the kill test inherits it): the kernel no longer chooses which
+# of them share a CPU, which on a VM whose idle CPUs halt decides the
+# one-connection rows (docs/benchmarks.md, session 26).
+LOADGEN_RUN=("$LOADGEN")
+PLACEMENT="the kernel's"
+if [[ -n "$PIN" ]]; then
+    for pid in $DASHD_PID $BACKEND_PID ${NGINX_PIDS//,/ } $RELAY_PID; do
+        taskset -a -p -c "$PIN" "$pid" >/dev/null || die "taskset -a -p -c $PIN $pid failed"
+    done
+    LOADGEN_RUN=(taskset -c "$PIN" "$LOADGEN")
+    PLACEMENT="every process pinned to CPU(s) $PIN (BENCH_PIN)"
+    log "placement: $PLACEMENT"
+fi
+
 # --- measurements -------------------------------------------------------------------
 RAW=$RESULTS_DIR/latest.jsonl
 : >"$RAW"
@@ -298,7 +316,7 @@ ROUND=1
 record() {
     local kind=$1 target=$2 conns=$3 out
     shift 4
-    if out=$("$LOADGEN" --threads "$THREADS" "$@"); then
+    if out=$("${LOADGEN_RUN[@]}" --threads "$THREADS" "$@"); then
         printf '{"kind":"%s","target":"%s","conns":%s,"round":%s,"result":%s}\n' "$kind" "$target" "$conns" "$ROUND" "$out" >>"$RAW"
         log "round $ROUND: $kind $target conns=$conns: $out"
     else
@@ -362,6 +380,7 @@ if [[ "$THREADS" -le 1 ]]; then runtime="current-thread runtime"; else runtime="
     echo "- when: $(date -u '+%Y-%m-%d %H:%M UTC'), ray-dashd at $REV (working tree as built); host CPU ${BUSY_BEFORE}% busy in the second before the run (other load skews every column)"
     echo "- backend: $BACKEND_DESC; routes $SMALL_PATH (http), ${STREAM_PATH%%\?*} (stream), $WS_PATH (websocket)"
     echo "- load: ray-dashd-bench ($runtime), $ROUNDS round(s) of every point, interleaved, the targets' order reversed every other round (medians shown), closed loop, HTTP/1.1 keep-alive, ${DURATION} s measured after ${WARMUP} s warm-up per point; stream: $((STREAM_BYTES / 1048576)) MiB × $STREAM_RUNS runs (best); websocket: 32-byte text, one outstanding per connection"
+    echo "- placement: $PLACEMENT"
     echo "- ray-dashd: runtime threads ${DASHD_WORKERS:-1 (its default)}, log level ${RAY_DASHD_LOG:-${RUST_LOG:-info (default)}}${DASHD_ENV:+, extra environment: $DASHD_ENV}"
     echo "- link order (peak RSS depends on it): $("$ROOT/scripts/symbol-order" --check "$DASHD_BIN" 2>&1 || echo "not checked")"
     echo "- nginx: $NGINX_DESC"

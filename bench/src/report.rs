@@ -5,7 +5,8 @@
 //! Input: one JSON object a line, as `run.sh` writes them:
 //! `{"kind": "http"|"stream"|"ws"|"rss"|"kill", "target": "direct"|"dashd"|"nginx"|"relay",
 //!   "conns": N, "round": R, "result": {...}}` where `result` is a subcommand's
-//! output. A measurement repeated over rounds is shown as its median.
+//! output. A measurement repeated over rounds is shown as its median; where
+//! nginx ran, a second table gives ray-dashd's ratio to it round by round.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

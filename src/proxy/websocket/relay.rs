@@ -866,6 +866,11 @@ mod tests {
     /// A relay between two duplex pipes, not yet polled, and the pipes'
     /// far ends (the client's and the module's) and its failure token.
     fn unstarted() -> (Relay, DuplexStream, DuplexStream, CancellationToken) {
+        unstarted_with(LIMIT)
+    }
+
+    /// [`unstarted`] with messages of up to `limit` bytes.
+    fn unstarted_with(limit: usize) -> (Relay, DuplexStream, DuplexStream, CancellationToken) {
         let (client_near, client) = tokio::io::duplex(64 * 1024);
         let (module_near, module) = tokio::io::duplex(64 * 1024);
         let failed = CancellationToken::new();
@@ -874,14 +879,19 @@ mod tests {
             Socket::new(module_near, Bytes::new()),
             failed.clone(),
             CancellationToken::new(),
-            LIMIT,
+            limit,
             "m".into(),
         );
         (relay, client, module, failed)
     }
 
     fn start() -> Ends {
-        let (relay, client, module, failed) = unstarted();
+        start_with(LIMIT)
+    }
+
+    /// [`start`] with messages of up to `limit` bytes.
+    fn start_with(limit: usize) -> Ends {
+        let (relay, client, module, failed) = unstarted_with(limit);
         Ends {
             client,
             module,
@@ -1028,35 +1038,46 @@ mod tests {
     /// both ways.
     #[tokio::test]
     async fn small_and_large_messages_cross_whole_both_ways() {
-        let (client_near, mut client) = tokio::io::duplex(256 * 1024);
-        let (module_near, mut module) = tokio::io::duplex(256 * 1024);
-        let relay = tokio::spawn(relay(
-            Socket::new(client_near, Bytes::new()),
-            Socket::new(module_near, Bytes::new()),
-            CancellationToken::new(),
-            CancellationToken::new(),
-            1 << 20,
-            "m".into(),
-        ));
+        /// Writes `payload` into `from` as one binary frame, masked as its
+        /// writer must, and reads the frame that arrives at `to`.
+        async fn cross(
+            from: &mut DuplexStream,
+            masked: bool,
+            to: &mut DuplexStream,
+            pending: &mut Vec<u8>,
+            payload: &[u8],
+        ) -> Vec<u8> {
+            let binary = OpCode::Data(Data::Binary);
+            from.write_all(&frame(binary, true, payload, masked))
+                .await
+                .expect("write");
+            next_frame(to, pending).await.1
+        }
+        let mut ends = start_with(1 << 20);
         let large: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
         let messages = [&b"a"[..], &large, b"bc", &large[..READ_BUFFER], b"d"];
         let (mut at_module, mut at_client) = (Vec::new(), Vec::new());
         for payload in messages {
-            let binary = OpCode::Data(Data::Binary);
-            client
-                .write_all(&frame(binary, true, payload, true))
-                .await
-                .expect("write");
-            let (_, got) = next_frame(&mut module, &mut at_module).await;
+            let got = cross(
+                &mut ends.client,
+                true,
+                &mut ends.module,
+                &mut at_module,
+                payload,
+            )
+            .await;
             assert!(got == payload, "{} bytes to the module", payload.len());
-            module
-                .write_all(&frame(binary, true, payload, false))
-                .await
-                .expect("write");
-            let (_, got) = next_frame(&mut client, &mut at_client).await;
+            let got = cross(
+                &mut ends.module,
+                false,
+                &mut ends.client,
+                &mut at_client,
+                payload,
+            )
+            .await;
             assert!(got == payload, "{} bytes to the client", payload.len());
         }
-        relay.abort();
+        ends.relay.abort();
     }
 
     #[tokio::test]

@@ -463,6 +463,27 @@ async fn oversized_request_head_is_refused() {
     assert_eq!(fine.status(), 200);
 }
 
+/// A request of 100 header lines reaches its module; one of 101 is refused
+/// with 431 (hyper's count, which the host keeps: see `listener.rs`).
+#[tokio::test]
+async fn a_request_of_more_than_100_header_lines_is_refused() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let head = |lines: usize| {
+        // `Host` and `Connection` are two of the lines.
+        let extra: String = (0..lines - 2).map(|i| format!("X-H{i}: v\r\n")).collect();
+        format!("GET /test/echo HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{extra}\r\n")
+    };
+    let at_limit = raw_exchange(d.addr(), head(100).as_bytes());
+    assert!(at_limit.starts_with("HTTP/1.1 200"), "{at_limit}");
+    assert!(
+        at_limit.contains("x-h97"),
+        "the module saw every header: {at_limit}"
+    );
+    let over = raw_exchange(d.addr(), head(101).as_bytes());
+    assert!(over.starts_with("HTTP/1.1 431"), "{over}");
+}
+
 /// Sends `head` and then `body` bytes one at a time, `pause` apart, on a
 /// raw connection; returns it for the answer to be read.
 async fn trickle(

@@ -27,8 +27,6 @@ use crate::config::ServerSettings;
 use crate::descriptors::ClientStream;
 use crate::proxy::WriteTimeout;
 
-/// Most headers in one request (hyper's default is 100).
-const MAX_HEADERS: usize = 128;
 /// The least each client connection's buffers may grow to (hyper's
 /// default). hyper's `max_buf_size` bounds both a connection's read buffer
 /// and its write buffer, which decides how many chunks of a streamed answer
@@ -125,8 +123,11 @@ impl Connections {
         http.timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .max_buf_size(settings.max_header_bytes.max(MIN_CONNECTION_BUFFER_BYTES))
-            .max_header_size(settings.max_header_bytes)
-            .max_headers(MAX_HEADERS);
+            .max_header_size(settings.max_header_bytes);
+        // The number of header lines is left at hyper's default (100, beyond
+        // which 431): any other count makes hyper place the parser's two
+        // header arrays (4 KiB each) on the heap, for every request.
+
         // Plain connections are served by `waiting::drive`, which wakes
         // them often enough for a timer that is only polled.
         let mut plain_http = http.clone();

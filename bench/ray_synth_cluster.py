@@ -177,7 +177,8 @@ def start_node_managers(args, stats_reply, resource_loads, scratch):
             for ip, reply in resource_loads:
                 f.write(f"{ip} {reply.hex()}\n")
         proc = subprocess.Popen(
-            [args.raylets_bin, "fake-raylets", "--input", canned, "--ports-file", ports_file],
+            [args.raylets_bin, "fake-raylets", "--input", canned, "--ports-file", ports_file,
+             "--avoid-ports", ",".join(str(p) for p in sorted(args.avoid_ports))],
             stdin=subprocess.DEVNULL, stdout=err, stderr=err,
         )
         deadline = time.monotonic() + 120
@@ -212,13 +213,26 @@ def read_line(stream, timeout):
     return box[0] if box else None
 
 
-def closed_port():
+def closed_port(avoid):
     """A loopback TCP port bound but never listening: connects are refused.
-    The socket is kept for as long as this process runs."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    # Every address (the nodes' loopback addresses too), never listening.
-    s.bind(("0.0.0.0", 0))
+    The socket is kept for as long as this process runs; its port is none
+    of `avoid`."""
+    passed_over = []
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # Every address (the nodes' loopback addresses too), never listening.
+        s.bind(("0.0.0.0", 0))
+        if s.getsockname()[1] not in avoid:
+            break
+        passed_over.append(s)  # held until the loop ends: another port comes
+    for other in passed_over:
+        other.close()
     return s, s.getsockname()[1]
+
+
+def port_list(text):
+    """`--avoid-ports`: comma-separated port numbers."""
+    return {int(p) for p in text.split(",") if p.strip()}
 
 
 # --- protos -------------------------------------------------------------------------
@@ -758,6 +772,8 @@ def main():
                    help="ray-dashd-bench: its fake-raylets serve the nodes, a port each "
                         "(default: one Python gRPC server for all)")
     p.add_argument("--server-log", help="where the node managers' output goes")
+    p.add_argument("--avoid-ports", type=port_list, default=set(),
+                   help="ports no synthetic node may take (comma-separated): a Ray head's defaults")
     p.add_argument("--no-hold", action="store_true", help="exit after the summary (the nodes die then)")
     p.add_argument("--max-hold", type=float, default=6 * 3600, help="hold at most this many seconds")
     p.add_argument("--watch-interval", type=float, default=0,
@@ -786,7 +802,7 @@ def main():
     rng = random.Random(args.seed)
     summary = {"ray_version": ray.__version__, "pid": os.getpid()}
     timings = {}
-    holder, agent_port = closed_port()
+    holder, agent_port = closed_port(args.avoid_ports)
     channel = grpc.insecure_channel(args.gcs_address, options=GRPC_OPTIONS)
     # A head with Ray's token authentication: every GCS call carries the
     # token Ray's own clients read, as they send it.

@@ -75,6 +75,14 @@ fn synthesize(head: &RayHead, python: &Path, dir: &Path) -> (Synth, Value) {
         .args(["--tasks", "5000", "--jobs", "50"])
         .arg("--raylets-bin")
         .arg(crate::bins::bin_dir().join("ray-dashd-bench"))
+        // A node on one of them would keep the README's Ray, which a test
+        // may start meanwhile, off its default ports.
+        .arg("--avoid-ports")
+        .arg(
+            crate::support::DEFAULT_PORT_NUMBERS
+                .map(|p| p.to_string())
+                .join(","),
+        )
         .arg("--summary-file")
         .arg(&summary)
         .arg("--exit-with-parent")

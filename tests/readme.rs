@@ -19,15 +19,10 @@ use nix::unistd::Pid;
 
 use crate::install::wheel_venv;
 use crate::support::ray::{run_bounded, text, RAY_WAIT};
+use crate::support::DEFAULT_PORT_NUMBERS;
 
 /// The README, as the test reads its blocks.
 const README: &str = include_str!("../README.md");
-
-/// The fixed ports the block's Ray and ray-dashd use: the GCS, the
-/// dashboard, the Ray Client proxy, Ray's own client proxier as the block
-/// moves it, Ray's dashboard metrics port and the next (ray-dashd's when
-/// Ray's process holds 44227), the dashboard agent.
-const DEFAULT_PORTS: [u16; 7] = [6379, 8265, 10001, 20001, 44227, 44228, 52365];
 
 /// The lines of the first `sh` block of the README's section `heading`.
 fn readme_block(heading: &str) -> Vec<String> {
@@ -83,9 +78,9 @@ fn run_line(line: &str, env: &[(&str, String)]) -> String {
     text(&out)
 }
 
-/// The taken ones of [`DEFAULT_PORTS`].
+/// The taken ones of [`DEFAULT_PORT_NUMBERS`].
 fn taken_ports() -> Vec<u16> {
-    DEFAULT_PORTS
+    DEFAULT_PORT_NUMBERS
         .into_iter()
         .filter(|port| std::net::TcpListener::bind(("0.0.0.0", *port)).is_err())
         .collect()

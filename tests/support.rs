@@ -20,8 +20,17 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 pub const WAIT: Duration = Duration::from_secs(20);
 
 /// Held by each test that takes a default port of Ray's or ray-dashd's
-/// (10001, 8265…): one at a time, whatever the test harness runs beside.
+/// ([`DEFAULT_PORT_NUMBERS`]): one at a time, whatever the test harness
+/// runs beside.
 pub static DEFAULT_PORTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The fixed ports of the README's Ray and ray-dashd: the GCS, the
+/// dashboard, the Ray Client proxy, Ray's own client proxier as the README
+/// moves it, Ray's dashboard metrics port and the next (ray-dashd's when
+/// Ray's process holds 44227), the dashboard agent. Three lie in Linux's
+/// ephemeral range, where a port bound as `:0` may land: the synthetic
+/// cluster's nodes keep off them all (`ray_scale.rs`).
+pub const DEFAULT_PORT_NUMBERS: [u16; 7] = [6379, 8265, 10001, 20001, 44227, 44228, 52365];
 
 pub use crate::bins::{bin_dir, test_module_bin};
 

@@ -151,7 +151,12 @@ fn write_ports(path: &Path, ports: &[u16]) -> anyhow::Result<()> {
 }
 
 /// Runs until SIGTERM, SIGINT or the parent's end.
-pub(crate) async fn run(input: &Path, ports_file: &Path) -> anyhow::Result<serde_json::Value> {
+/// No node listens on a port of `avoid`.
+pub(crate) async fn run(
+    input: &Path,
+    ports_file: &Path,
+    avoid: &[u16],
+) -> anyhow::Result<serde_json::Value> {
     // SIGTERM when the script that started us ends, however it ends.
     let parent = nix::unistd::getppid();
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
@@ -185,13 +190,22 @@ pub(crate) async fn run(input: &Path, ports_file: &Path) -> anyhow::Result<serde
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut ports = Vec::with_capacity(nodes.len());
+    // Held until every node listens, so that the kernel hands out others.
+    let mut passed_over = Vec::new();
     for (ip, load) in nodes {
-        let listener = TcpListener::bind((ip, 0))
-            .await
-            .with_context(|| format!("bind {ip}:0"))?;
+        let listener = loop {
+            let listener = TcpListener::bind((ip, 0))
+                .await
+                .with_context(|| format!("bind {ip}:0"))?;
+            if !avoid.contains(&listener.local_addr()?.port()) {
+                break listener;
+            }
+            passed_over.push(listener);
+        };
         ports.push(listener.local_addr()?.port());
         tokio::spawn(serve_node(listener, canned.clone(), load, conns.clone()));
     }
+    drop(passed_over);
     write_ports(ports_file, &ports)?;
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {

@@ -405,6 +405,10 @@ struct FakeRayletsArgs {
     /// Where the nodes' ports go, as {"ports": [...]}, once all listen.
     #[arg(long)]
     ports_file: std::path::PathBuf,
+    /// Ports no node may listen on (comma-separated): a Ray head's
+    /// defaults, for one started beside the synthetic cluster.
+    #[arg(long, value_delimiter = ',')]
+    avoid_ports: Vec<u16>,
 }
 
 #[derive(Debug, Args)]
@@ -633,7 +637,9 @@ async fn run(command: Command) -> anyhow::Result<String> {
             })
             .await?
         }
-        Command::FakeRaylets(a) => fake_raylets::run(&a.input, &a.ports_file).await?,
+        Command::FakeRaylets(a) => {
+            fake_raylets::run(&a.input, &a.ports_file, &a.avoid_ports).await?
+        }
         Command::PollMix(a) => {
             poll_mix::run(poll_mix::Plan {
                 target: a.target,

@@ -27,6 +27,7 @@ mod fake_raylets;
 mod http_load;
 mod killtest;
 mod net;
+mod parse_relay;
 mod poll_mix;
 mod procfs;
 mod proctree;
@@ -115,6 +116,10 @@ enum Command {
     /// A byte relay with no protocol (the floor of any proxy hop) from a
     /// loopback TCP port to a target, until SIGTERM: {connections, ...}.
     TcpRelay(TcpRelayArgs),
+    /// An HTTP/1 relay that parses each head and forwards small GETs over
+    /// pooled target connections (the floor of a purpose-built proxy
+    /// path), until SIGTERM: {connections, requests, ...}.
+    ParseRelay(TcpRelayArgs),
     /// N idle keep-alive HTTP/1.1 connections (one GET each) or websockets
     /// (one echo each) held at once, and the host's and modules' memory
     /// before, connected, used once and closed: {mem, per_connection, ...}.
@@ -605,6 +610,7 @@ async fn run(command: Command) -> anyhow::Result<String> {
             .await?
         }
         Command::TcpRelay(a) => tcp_relay::run(a.listen, a.to).await?,
+        Command::ParseRelay(a) => parse_relay::run(a.listen, a.to).await?,
         Command::IdleConns(a) => {
             conns::idle(conns::IdlePlan {
                 target: a.target,

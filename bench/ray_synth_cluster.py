@@ -176,11 +176,10 @@ def start_node_managers(args, stats_reply, resource_loads, scratch):
             f.write(stats_reply.hex() + "\n")
             for ip, reply in resource_loads:
                 f.write(f"{ip} {reply.hex()}\n")
-        proc = subprocess.Popen(
-            [args.raylets_bin, "fake-raylets", "--input", canned, "--ports-file", ports_file,
-             "--avoid-ports", ",".join(str(p) for p in sorted(args.avoid_ports))],
-            stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-        )
+        command = [args.raylets_bin, "fake-raylets", "--input", canned, "--ports-file", ports_file]
+        if args.avoid_ports:
+            command += ["--avoid-ports", ",".join(str(p) for p in sorted(args.avoid_ports))]
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
         deadline = time.monotonic() + 120
         while not os.path.exists(ports_file):
             if proc.poll() is not None or time.monotonic() > deadline:

@@ -213,3 +213,57 @@ pub(crate) fn histogram() -> hdrhistogram::Histogram<u64> {
 pub(crate) fn micros(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }
+
+/// How many connections [`accept_until_signal`] took, and how many
+/// accepts failed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Accepted {
+    pub(crate) connections: u64,
+    pub(crate) failed_accepts: u64,
+}
+
+/// Accepts connections on `listen` (a loopback address) until SIGTERM or
+/// SIGINT, and hands each, with Nagle off, to `serve`; `name` says whose
+/// failed accepts are logged. The relays' listening side.
+pub(crate) async fn accept_until_signal(
+    name: &str,
+    listen: SocketAddr,
+    mut serve: impl FnMut(TcpStream),
+) -> anyhow::Result<Accepted> {
+    use tokio::signal::unix::{signal, SignalKind};
+
+    anyhow::ensure!(
+        listen.ip().is_loopback(),
+        "--listen must be a loopback address"
+    );
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listen on {listen}"))?;
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut accepted = Accepted {
+        connections: 0,
+        failed_accepts: 0,
+    };
+    loop {
+        let (client, _) = tokio::select! {
+            next = listener.accept() => match next {
+                Ok(next) => next,
+                Err(e) => {
+                    // Out of descriptors under load, say: not the relay's end.
+                    eprintln!("{name}: accept failed: {e}");
+                    accepted.failed_accepts += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        };
+        accepted.connections += 1;
+        if client.set_nodelay(true).is_ok() {
+            serve(client);
+        }
+    }
+    Ok(accepted)
+}

@@ -13,7 +13,7 @@
 //! (docs/benchmarks.md, session 27).
 //!
 //! Runs until SIGTERM or SIGINT, then prints one JSON line:
-//! `{connections, requests, failed_connects, refused}`.
+//! `{connections, failed_accepts, requests, failed_connects, refused}`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,10 +22,9 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context as _;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::net::TcpStream;
 
-use crate::net::{BoxIo, Target};
+use crate::net::{accept_until_signal, BoxIo, Target};
 
 /// Each head's buffer, and the most a head may take.
 const HEAD_BYTES: usize = 8 << 10;
@@ -57,43 +56,20 @@ type Pool = Arc<Mutex<Vec<BoxIo>>>;
 /// Serves every connection accepted on `listen`, forwarding to `to`, until
 /// SIGTERM or SIGINT.
 pub(crate) async fn run(listen: SocketAddr, to: Target) -> anyhow::Result<serde_json::Value> {
-    anyhow::ensure!(
-        listen.ip().is_loopback(),
-        "--listen must be a loopback address"
-    );
-    let listener = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("listen on {listen}"))?;
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let totals = Arc::new(Totals::default());
     let pool = Pool::default();
     let to = Arc::new(to);
-    let mut connections = 0u64;
-    loop {
-        let client = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((client, _)) => client,
-                Err(e) => {
-                    eprintln!("parse-relay: accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-        };
-        connections += 1;
+    let accepted = accept_until_signal("parse-relay", listen, |client| {
         let (totals, pool, to) = (totals.clone(), pool.clone(), to.clone());
         tokio::spawn(async move {
-            if client.set_nodelay(true).is_ok() {
-                // An error is one side going away: the drop closes the other.
-                let _ = serve(client, &pool, &to, &totals).await;
-            }
+            // An error is one side going away: the drop closes the other.
+            let _ = serve(client, &pool, &to, &totals).await;
         });
-    }
+    })
+    .await?;
     Ok(json!({
-        "connections": connections,
+        "connections": accepted.connections,
+        "failed_accepts": accepted.failed_accepts,
         "requests": totals.requests.load(Ordering::Relaxed),
         "failed_connects": totals.failed_connects.load(Ordering::Relaxed),
         "refused": totals.refused.load(Ordering::Relaxed),

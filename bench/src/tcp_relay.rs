@@ -20,12 +20,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use serde_json::json;
-use tokio::net::TcpListener;
-use tokio::signal::unix::{signal, SignalKind};
 
-use crate::net::Target;
+use crate::net::{accept_until_signal, Target};
 
 /// Copy buffer per direction: large enough that a bulk transfer moves in
 /// few system calls (the proxies it is compared with read up to 256 KiB).
@@ -41,39 +38,11 @@ struct Totals {
 /// Relays every connection accepted on `listen` to `to` until SIGTERM or
 /// SIGINT.
 pub(crate) async fn run(listen: SocketAddr, to: Target) -> anyhow::Result<serde_json::Value> {
-    anyhow::ensure!(
-        listen.ip().is_loopback(),
-        "--listen must be a loopback address"
-    );
-    let listener = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("listen on {listen}"))?;
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let totals = Arc::new(Totals::default());
     let to = Arc::new(to);
-    let (mut connections, mut failed_accepts) = (0u64, 0u64);
-    loop {
-        let (mut client, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of descriptors under load, say: not the relay's end.
-                    eprintln!("tcp-relay: accept failed: {e}");
-                    failed_accepts += 1;
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-        };
-        connections += 1;
+    let accepted = accept_until_signal("tcp-relay", listen, |mut client| {
         let (totals, to) = (totals.clone(), to.clone());
         tokio::spawn(async move {
-            if client.set_nodelay(true).is_err() {
-                return;
-            }
             let Ok(mut target) = to.connect().await else {
                 totals.failed_connects.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -92,10 +61,11 @@ pub(crate) async fn run(listen: SocketAddr, to: Target) -> anyhow::Result<serde_
                 totals.from_target.fetch_add(down, Ordering::Relaxed);
             }
         });
-    }
+    })
+    .await?;
     Ok(json!({
-        "connections": connections,
-        "failed_accepts": failed_accepts,
+        "connections": accepted.connections,
+        "failed_accepts": accepted.failed_accepts,
         "failed_connects": totals.failed_connects.load(Ordering::Relaxed),
         "bytes_to_target": totals.to_target.load(Ordering::Relaxed),
         "bytes_from_target": totals.from_target.load(Ordering::Relaxed),

@@ -5,11 +5,14 @@
 //! built from the host's routes (its API in `api.rs`, the UI's files in
 //! `assets.rs`), and [`serve`], which runs the port's layers
 //! (`listener.rs`: accepting, admission under the client cap in
-//! `accept.rs`, TLS in [`tls`], HTTP/1.1, the graceful drain).
+//! `accept.rs`, TLS in [`tls`], HTTP/1.1, the graceful drain). On plain
+//! connections, bodiless GETs for module `http` routes skip hyper's server
+//! (`fast_path.rs`).
 
 mod accept;
 mod api;
 mod assets;
+mod fast_path;
 pub mod guard;
 mod listener;
 mod prefix;
@@ -28,6 +31,7 @@ use axum::extract::State;
 use axum::http::Request;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use futures_util::FutureExt;
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -41,6 +45,7 @@ use crate::proxy::{Proxy, ProxyError, Routed};
 use crate::ray::{self, auth, RayParent};
 use crate::reload::Reloader;
 use crate::routes::host::{HostHandler, HOST_ROUTES};
+use crate::routes::RouteKind;
 use crate::supervisor::Supervisor;
 use guard::{Guard, Refusal};
 use prefix::{Placed, UrlPrefix};
@@ -197,12 +202,22 @@ impl Dispatch {
             let router = self.router.clone();
             return Box::pin(async move { router.oneshot(request).await });
         }
+        Box::pin(self.forward_module(lookup, request).map(Ok))
+    }
+
+    /// Forwards a request for a module route (`lookup` found it), in a
+    /// request span when debug logging is on.
+    fn forward_module(
+        &self,
+        lookup: Routed,
+        request: Request<Body>,
+    ) -> impl Future<Output = Response> + Send + 'static {
         let span = request_span(&lookup, &request);
         let proxy = Arc::clone(&self.proxy);
-        if span.is_disabled() {
-            return Box::pin(async move { Ok(forward(&proxy, lookup, request).await) });
-        }
-        Box::pin(async move {
+        async move {
+            if span.is_disabled() {
+                return forward(&proxy, lookup, request).await;
+            }
             let started = tokio::time::Instant::now();
             let response = forward(&proxy, lookup, request)
                 .instrument(span.clone())
@@ -210,7 +225,47 @@ impl Dispatch {
             span.record("status", response.status().as_u16());
             span.record("latency_us", started.elapsed().as_micros() as u64);
             span.in_scope(|| debug!("finished processing request"));
-            Ok(response)
+            response
+        }
+    }
+
+    /// The answer to come for a request the fast path may serve
+    /// (`fast_path.rs`): one for a module's `http` route, under the URL
+    /// prefix if there is one, answered as hyper's path (`Dispatch::call`)
+    /// would answer it (refused by the guard or the token check, or
+    /// forwarded). `None` for any other request, which hyper then serves.
+    pub(super) fn fast_answer(
+        &self,
+        mut request: Request<Body>,
+    ) -> Option<Pin<Box<dyn Future<Output = Response> + Send>>> {
+        let prefix = match &self.prefix {
+            None => None,
+            Some(prefix) => match prefix.place(request.uri()) {
+                Placed::Under(uri) => {
+                    *request.uri_mut() = uri;
+                    Some(prefix.clone())
+                }
+                Placed::Bare | Placed::Outside => return None,
+            },
+        };
+        // The route first, then the guard: `route` runs them the other way,
+        // but a refusal does not depend on the path, so the answer is the
+        // same.
+        let lookup = self.proxy.lookup(&request);
+        if !matches!(lookup.target(), Some((_, RouteKind::Http))) {
+            return None;
+        }
+        if let Some(refused) = self.refuse(&request) {
+            return Some(Box::pin(std::future::ready(refused)));
+        }
+        let answer = self.forward_module(lookup, request);
+        Some(match prefix {
+            None => Box::pin(answer),
+            Some(prefix) => Box::pin(async move {
+                let mut response = answer.await;
+                prefix.restore_location(&mut response);
+                response
+            }),
         })
     }
 }

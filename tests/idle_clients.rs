@@ -180,3 +180,42 @@ async fn a_parked_connection_upgrades_to_a_websocket() {
         d.log()
     );
 }
+
+/// GETs for a module's route, served without a hyper connection, park the
+/// same way: two keep-alive clients are parked after their answers and
+/// answered again on their sockets; a third whose head stopped halfway is
+/// not parked, and is answered once the rest comes, kept alive.
+#[tokio::test]
+async fn module_gets_are_parked_and_answered_again() {
+    const ECHO: &[u8] = b"GET /test/echo?again=1 HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let mut half = connect(d.addr());
+    half.write_all(b"GET /test/echo?again=1 HTTP/1.1\r\nHo")
+        .expect("first half");
+    let mut clients: Vec<TcpStream> = (0..2).map(|_| connect(d.addr())).collect();
+    for round in 0..2 {
+        for client in &mut clients {
+            client.write_all(ECHO).expect("request");
+            let (status, body) = read_answer(client);
+            assert_eq!(status, "HTTP/1.1 200 OK", "round {round}");
+            assert!(
+                body.contains("\"query\":\"again=1\""),
+                "round {round}: {body}"
+            );
+        }
+        until_waiting(d.addr(), 2).await;
+    }
+    half.write_all(b"st: localhost\r\n\r\n")
+        .expect("second half");
+    let (status, head, body) = read_whole(&mut half);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(body.contains("\"query\":\"again=1\""), "{body}");
+    assert!(
+        !head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    half.write_all(ECHO).expect("the next request");
+    let (status, _) = read_answer(&mut half);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+}

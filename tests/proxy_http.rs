@@ -674,3 +674,101 @@ async fn a_declined_request_is_answered_by_the_routes_fallback() {
         "the test module declines"
     );
 }
+
+/// Requests sent back to back on one connection are answered in order,
+/// whichever path serves each: bodiless GETs on the fast path, then a POST
+/// with a body, which goes to hyper with the bytes after it, then a GET
+/// asking to close, answered with `connection: close` before the close.
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_across_both_paths() {
+    let d = dashd().module(test_module("tm")).start();
+    d.healthy("tm", 0).await;
+    let answer = raw_exchange(
+        d.addr(),
+        b"GET /test/echo?n=1 HTTP/1.1\r\nHost: localhost\r\n\r\n\
+          GET /test/echo?n=2 HTTP/1.1\r\nHost: localhost\r\n\r\n\
+          POST /test/echo?n=3 HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n\r\nabc\
+          GET /test/echo?n=4 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(answer.matches("HTTP/1.1 200 OK\r\n").count(), 4, "{answer}");
+    let at = |n: u32| {
+        answer
+            .find(&format!("\"query\":\"n={n}\""))
+            .unwrap_or_else(|| panic!("no answer to request {n}: {answer}"))
+    };
+    assert!(at(1) < at(2) && at(2) < at(3) && at(3) < at(4), "{answer}");
+    assert!(answer.contains("\"body_len\":3"), "{answer}");
+    let last_head = &answer[answer.rfind("HTTP/1.1 200 OK").expect("an answer")..];
+    assert!(last_head.contains("connection: close\r\n"), "{answer}");
+}
+
+/// A client that closes its connection while a module works on its GET
+/// gives the request up: the module's connection is let go at once, not
+/// when the module answers.
+#[tokio::test]
+async fn a_client_gone_gives_up_its_module_request() {
+    let d = dashd()
+        .server("http_response_timeout_secs", "300")
+        .module(test_module("tm"))
+        .start();
+    d.healthy("tm", 0).await;
+    let mut client = TcpStream::connect(d.addr()).expect("connect");
+    client
+        .write_all(b"GET /test/slow?ms=120000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .expect("request");
+    let busy = |c: &Value| {
+        c["open"]
+            .as_u64()
+            .zip(c["idle"].as_u64())
+            .map(|(o, i)| o - i)
+    };
+    let in_flight = eventually(WAIT, || async {
+        (busy(&d.module("tm").await["connections"]) == Some(1)).then_some(())
+    })
+    .await;
+    assert!(in_flight.is_some(), "the request never reached the module");
+    drop(client);
+    let let_go = eventually(WAIT, || async {
+        (busy(&d.module("tm").await["connections"]) == Some(0)).then_some(())
+    })
+    .await;
+    assert!(
+        let_go.is_some(),
+        "the module's connection is still in use: {}",
+        d.module("tm").await["connections"]
+    );
+}
+
+/// A module answer with no framing at all (its body ends when the module
+/// closes) reaches the client whole, chunked, its repeated headers kept.
+#[tokio::test]
+async fn an_answer_ended_by_the_modules_close_is_passed_on_whole() {
+    let d = dashd()
+        .module(
+            crate::support::raw_module(
+                "raw",
+                b"HTTP/1.1 200 OK\r\nX-Tag: a\r\nX-Tag: b\r\n\r\nuntil the module closes",
+            )
+            .routes(&[("GET", "/raw/unframed", "http")]),
+        )
+        .start();
+    d.healthy("raw", 0).await;
+    let response = client()
+        .get(d.url("/raw/unframed"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    let tags: Vec<_> = response.headers().get_all("x-tag").iter().collect();
+    assert_eq!(tags, ["a", "b"]);
+    assert_eq!(
+        response.headers()["transfer-encoding"],
+        "chunked",
+        "{:?}",
+        response.headers()
+    );
+    assert_eq!(
+        response.text().await.expect("body"),
+        "until the module closes"
+    );
+}

@@ -102,6 +102,8 @@ pub(super) struct Connections {
     overflow_service: accept::Overflow,
     tls: Option<Arc<ServerTls>>,
     send_timeout: Duration,
+    /// The most a request head may take (`server.max_header_bytes`).
+    max_header_bytes: usize,
     tasks: TaskTracker,
     drain: CancellationToken,
     /// Plain connections parked between requests now (`waiting.rs`).
@@ -148,6 +150,7 @@ impl Connections {
             overflow_service,
             tls,
             send_timeout: settings.client_send_timeout,
+            max_header_bytes: settings.max_header_bytes,
             tasks: TaskTracker::new(),
             drain: CancellationToken::new(),
             waiting: Arc::default(),
@@ -217,6 +220,7 @@ impl Connections {
                 drain,
                 peer,
                 waiting,
+                self.max_header_bytes,
             ));
             return;
         };

@@ -8,8 +8,11 @@
 //! HTTP/1.1 connection that has had no traffic for [`WAIT_AFTER`], with no
 //! answer under way, is *parked*: its hyper connection is ended without
 //! closing the socket (hyper's shutdown of the socket is not passed on), and
-//! the task only waits for the socket to become readable; then a new hyper
-//! connection takes it up, with whatever hyper had read and not parsed.
+//! the task only waits for the socket to become readable; then the fast
+//! path (`fast_path.rs`) takes it up, with whatever hyper had read and not
+//! parsed, and gives each request it does not serve to a new hyper
+//! connection, which keeps the connection until it is parked again. The
+//! fast path parks it the same way after [`WAIT_AFTER`] without a request.
 //! A new connection waits the same way for its first bytes. nginx does the
 //! same (its idle keep-alive connections keep no buffers).
 //!
@@ -45,6 +48,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use super::fast_path::{self, Served};
 use super::Dispatch;
 use crate::proxy::{is_send_timeout, Activity, Client, ClientSocket};
 
@@ -227,6 +231,7 @@ pub(super) async fn drive(
     drain: CancellationToken,
     peer: SocketAddr,
     waiting: Arc<AtomicUsize>,
+    max_header_bytes: usize,
 ) {
     let activity = Arc::new(Activity::default());
     let mut socket = ClientSocket::new(io, Arc::clone(&activity));
@@ -235,6 +240,9 @@ pub(super) async fn drive(
     // After a park that found a request half sent, none until it is taken:
     // parking again would restart hyper's header read timeout each time.
     let mut no_park_before: Option<u64> = None;
+    // Whether the fast path takes the connection's next request; not the
+    // one it has just handed over.
+    let mut fast = true;
     loop {
         if !socket.has_early() {
             let _waiting = Counted::new(&waiting);
@@ -260,6 +268,24 @@ pub(super) async fn drive(
             no_park_before = Some(activity.requests.load(Relaxed) + 1);
         }
         activity.parking.store(false, Relaxed);
+        if fast {
+            // Boxed, as hyper's connection is below.
+            let served = Box::pin(fast_path::serve(
+                &mut socket,
+                &service,
+                &drain,
+                max_header_bytes,
+                peer,
+            ))
+            .await;
+            match served {
+                Served::Closed => return,
+                Served::Idle => patience = HEADER_READ_TIMEOUT.saturating_sub(WAIT_AFTER),
+                Served::Handover => fast = false,
+            }
+            continue;
+        }
+        fast = true;
         let tracked = Tracked {
             inner: service.clone(),
             activity: Arc::clone(&activity),

@@ -12,5 +12,5 @@ mod pool;
 pub(crate) use module_stream::ModuleStream;
 pub(crate) use peer::listener_pid;
 pub use peer::PeerCheck;
+pub(crate) use pool::{BareConn, Hold, PoolError, PooledBody};
 pub use pool::{ConnectionStats, ModulePool};
-pub(crate) use pool::{Hold, PoolError, PooledBody};

@@ -2,6 +2,7 @@
 //! over the module's Unix socket, as plain HTTP, a stream or a websocket.
 //! Bodies stream in both directions; nothing is buffered whole.
 
+mod bare;
 mod body;
 mod client_socket;
 mod error;
@@ -31,10 +32,11 @@ use crate::metrics::OpenGuard;
 use crate::routes::{Lookup, RouteKind, RouteTable};
 use crate::supervisor::{Gate, ModuleHandle};
 
+pub use bare::{Answer, BareAnswer, BareGet};
 pub(crate) use body::CancelableBody;
 pub(crate) use client_socket::{Activity, Client, ClientSocket};
 pub use error::{ProxyError, SharedError, UpstreamFailure};
-pub(crate) use headers::{declined, from_browser, strip_hop_by_hop};
+pub(crate) use headers::{append_date, declined, from_browser, strip_hop_by_hop};
 pub(crate) use idle::{is_send_timeout, WriteTimeout};
 use idle::{BodyTimeout, ClientBodyError};
 use shared::{Shared, SharedAnswers};

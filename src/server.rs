@@ -36,12 +36,11 @@ use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 use tower_http::trace::TraceLayer;
-use tracing::{debug, warn, Instrument};
+use tracing::{debug, Instrument};
 
 use crate::config::ServerSettings;
-use crate::error::error_chain;
 use crate::metrics::Metrics;
-use crate::proxy::{Proxy, ProxyError, Routed};
+use crate::proxy::{Answer, Proxy, ProxyError, Routed};
 use crate::ray::{self, auth, RayParent};
 use crate::reload::Reloader;
 use crate::routes::host::{HostHandler, HOST_ROUTES};
@@ -222,9 +221,7 @@ impl Dispatch {
             let response = forward(&proxy, lookup, request)
                 .instrument(span.clone())
                 .await;
-            span.record("status", response.status().as_u16());
-            span.record("latency_us", started.elapsed().as_micros() as u64);
-            span.in_scope(|| debug!("finished processing request"));
+            finish_span(&span, response.status(), started);
             response
         }
     }
@@ -237,7 +234,7 @@ impl Dispatch {
     pub(super) fn fast_answer(
         &self,
         mut request: Request<Body>,
-    ) -> Option<Pin<Box<dyn Future<Output = Response> + Send>>> {
+    ) -> Option<Pin<Box<dyn Future<Output = Answer> + Send>>> {
         let prefix = match &self.prefix {
             None => None,
             Some(prefix) => match prefix.place(request.uri()) {
@@ -256,15 +253,37 @@ impl Dispatch {
             return None;
         }
         if let Some(refused) = self.refuse(&request) {
-            return Some(Box::pin(std::future::ready(refused)));
+            return Some(Box::pin(std::future::ready(Answer::Response(refused))));
         }
+        // A bare exchange writes the module's head as it came: not under a
+        // prefix, whose redirects get it back on their `Location`.
+        let (lookup, request) = if prefix.is_none() {
+            let span = request_span(&lookup, &request);
+            match self.proxy.bare_get(lookup, request) {
+                Ok(get) => {
+                    let proxy = Arc::clone(&self.proxy);
+                    if span.is_disabled() {
+                        return Some(Box::pin(async move { get.answer(&proxy).await }));
+                    }
+                    return Some(Box::pin(async move {
+                        let started = tokio::time::Instant::now();
+                        let answer = get.answer(&proxy).instrument(span.clone()).await;
+                        finish_span(&span, answer.status(), started);
+                        answer
+                    }));
+                }
+                Err(back) => *back,
+            }
+        } else {
+            (lookup, request)
+        };
         let answer = self.forward_module(lookup, request);
         Some(match prefix {
-            None => Box::pin(answer),
+            None => Box::pin(answer.map(Answer::Response)),
             Some(prefix) => Box::pin(async move {
                 let mut response = answer.await;
                 prefix.restore_location(&mut response);
-                response
+                Answer::Response(response)
             }),
         })
     }
@@ -322,19 +341,16 @@ fn request_span(routed: &Routed, request: &Request<Body>) -> tracing::Span {
     )
 }
 
+/// Ends a request span: the answer's status and the time to its head.
+fn finish_span(span: &tracing::Span, status: http::StatusCode, started: tokio::time::Instant) {
+    span.record("status", status.as_u16());
+    span.record("latency_us", started.elapsed().as_micros() as u64);
+    span.in_scope(|| debug!("finished processing request"));
+}
+
 /// Forwards a request a module route claims; failures become responses.
 async fn forward(proxy: &Proxy, lookup: Routed, request: Request<Body>) -> Response {
-    match proxy.forward(lookup, request).await {
-        Ok(response) => response,
-        Err(error) => {
-            // The module's failures are the operator's concern; the client's
-            // own mistakes (405, 413, 400) are not logged.
-            if error.is_upstream() {
-                warn!(error = %error_chain(&error), "request failed");
-            }
-            error.into_response()
-        }
-    }
+    proxy.answer(lookup, request).await
 }
 
 /// Accepts connections on `listener` until `shutdown` resolves, then stops

@@ -305,9 +305,10 @@ async fn the_module_report_shows_its_connections() {
         (&0.into(), &2048.into()),
         "{c}"
     );
-    assert_eq!(
-        (&c["open"], &c["idle"], &c["queued"]),
-        (&1.into(), &1.into(), &0.into()),
-        "{c}"
-    );
+    // Idle now: the echo's connection and, when a health check came
+    // between, the check's (checks go through hyper's client, a GET for a
+    // module route over a bare connection).
+    assert_eq!(c["open"], c["idle"], "{c}");
+    assert!((1..=2).contains(&c["open"].as_u64().expect("open")), "{c}");
+    assert_eq!(c["queued"], 0, "{c}");
 }

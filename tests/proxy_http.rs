@@ -772,3 +772,27 @@ async fn an_answer_ended_by_the_modules_close_is_passed_on_whole() {
         "until the module closes"
     );
 }
+
+/// A module that closes each connection after its answer, though the
+/// answer says nothing of it: the next request finds the kept connection
+/// closed before any answer and goes again on a new one, unseen by the
+/// client.
+#[tokio::test]
+async fn a_connection_the_module_closed_after_its_answer_is_not_a_failure() {
+    let d = dashd()
+        .module(
+            crate::support::raw_module("raw", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+                .routes(&[("GET", "/raw/once", "http")]),
+        )
+        .start();
+    d.healthy("raw", 0).await;
+    for i in 0..5 {
+        let response = client()
+            .get(d.url("/raw/once"))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 200, "request {i}");
+        assert_eq!(response.text().await.expect("body"), "hello", "request {i}");
+    }
+}

@@ -45,6 +45,21 @@ impl ModuleStream {
         self.socket.get_ref()
     }
 
+    /// Whether the connection waits idle: open, with nothing sent by the
+    /// module (which, between exchanges, sends only to close).
+    pub(crate) fn is_idle(&self) -> bool {
+        use nix::sys::socket::{recv, MsgFlags};
+        let mut byte = [0u8; 1];
+        matches!(
+            recv(
+                self.socket.get_ref().as_raw_fd(),
+                &mut byte,
+                MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+            ),
+            Err(nix::errno::Errno::EAGAIN)
+        )
+    }
+
     /// Runs `write` until it goes through, waiting for room when the socket
     /// is full.
     fn poll_with(

@@ -195,6 +195,9 @@ struct Inner {
 struct State {
     /// Connections ready for a request; only while `queue` is empty.
     idle: Vec<Conn>,
+    /// Bare connections ready for a request ([`ModulePool::lease_bare`]),
+    /// each with its slot; only while `queue` is empty.
+    bare_idle: Vec<(ModuleStream, Slot)>,
     /// Slots held: connections open or being opened.
     open: usize,
     /// Requests waiting for a connection or a slot, oldest first. Some may
@@ -297,6 +300,9 @@ enum Grant {
 enum Lease {
     /// An idle connection (the module may have closed it since).
     Idle(Conn),
+    /// An idle bare connection, to run hyper on (the module may have
+    /// closed it since).
+    Bare(ModuleStream, Slot),
     /// A slot to open a new connection with.
     Open(Slot),
     /// Nothing counted: a connection beyond the cap, for one exchange.
@@ -321,6 +327,19 @@ impl Conn {
     fn ready(&mut self, cx: &mut Context<'_>) -> bool {
         matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
     }
+}
+
+/// A connection leased bare ([`ModulePool::lease_bare`]): the caller
+/// speaks HTTP/1.1 on it itself, and gives it back with
+/// [`ModulePool::give_back_bare`] when its exchange ended cleanly; dropped,
+/// it closes and its slot is let go.
+#[derive(Debug)]
+pub(crate) struct BareConn {
+    /// The socket.
+    pub(crate) stream: ModuleStream,
+    slot: Slot,
+    /// Whether it waited idle, and so may have been closed by the module.
+    pub(crate) reused: bool,
 }
 
 impl ModulePool {
@@ -415,6 +434,7 @@ impl ModulePool {
                 }
                 // Boxed: rarer than a pooled connection, and larger.
                 Lease::Open(slot) => (Box::pin(self.connect(Some(slot))).await?, false, true),
+                Lease::Bare(stream, slot) => (self.run(stream, Some(slot)).await?, true, true),
                 Lease::Extra => (Box::pin(self.connect(None)).await?, false, false),
             };
             match conn.sender.try_send_request(request).await {
@@ -437,6 +457,9 @@ impl ModulePool {
                 let mut state = self.inner.state();
                 if let Some(conn) = state.idle.pop() {
                     return Ok(Lease::Idle(conn));
+                }
+                if let Some((stream, slot)) = state.bare_idle.pop() {
+                    return Ok(Lease::Bare(stream, slot));
                 }
                 if state.open < limits.max_connections {
                     state.open += 1;
@@ -483,6 +506,57 @@ impl ModulePool {
         }
     }
 
+    /// A bare connection (no hyper on it) for one exchange that the caller
+    /// speaks itself: an idle one, else a new one while a slot is free and
+    /// no request waits. `None` when every slot is taken: the caller then
+    /// sends through [`ModulePool::send`], which queues. An idle one the
+    /// module closed since shows as an end before any answer; `reused` says
+    /// it may be that.
+    pub(crate) async fn lease_bare(&self) -> Result<Option<BareConn>, PoolError> {
+        let slot = {
+            let mut state = self.inner.state();
+            if let Some((stream, slot)) = state.bare_idle.pop() {
+                return Ok(Some(BareConn {
+                    stream,
+                    slot,
+                    reused: true,
+                }));
+            }
+            if state.open >= self.inner.limits.max_connections || !state.queue.is_empty() {
+                return Ok(None);
+            }
+            state.open += 1;
+            Slot::new(Arc::downgrade(&self.inner))
+        };
+        // On failure the slot is dropped, and so let go.
+        let stream = self.connect_stream().await?;
+        Ok(Some(BareConn {
+            stream,
+            slot,
+            reused: false,
+        }))
+    }
+
+    /// Takes back a bare connection whose exchange ended cleanly, ready for
+    /// another. With requests waiting (on hyper's path), hyper is run on it
+    /// and it goes to the oldest: closing it and handing on its slot would
+    /// have the module see one connection more than the cap until it
+    /// noticed the close.
+    pub(crate) async fn give_back_bare(&self, conn: BareConn) {
+        let BareConn { stream, slot, .. } = conn;
+        {
+            let mut state = self.inner.state();
+            if state.queue.is_empty() {
+                state.bare_idle.push((stream, slot));
+                return;
+            }
+        }
+        // On failure the stream and its slot are dropped: closed, let go.
+        if let Ok(conn) = self.run(stream, Some(slot)).await {
+            self.inner.hand_on(Grant::Conn(conn));
+        }
+    }
+
     /// Lets go of the idle connections that the module closed (or that
     /// failed) since they were used: each holds its slot until let go, which
     /// would otherwise wait for its next checkout. Called on every health
@@ -491,6 +565,7 @@ impl ModulePool {
         let waker = std::task::Waker::noop();
         let mut cx = Context::from_waker(waker);
         let mut closed = Vec::new();
+        let closed_bare;
         {
             let mut state = self.inner.state();
             let mut i = 0;
@@ -501,10 +576,16 @@ impl ModulePool {
                     closed.push(state.idle.swap_remove(i));
                 }
             }
+            let (open, shut): (Vec<_>, Vec<_>) = std::mem::take(&mut state.bare_idle)
+                .into_iter()
+                .partition(|(stream, _)| stream.is_idle());
+            state.bare_idle = open;
+            closed_bare = shut;
         }
         // Dropped here, outside the lock: each gives its slot back, which
         // takes the lock.
         drop(closed);
+        drop(closed_bare);
     }
 
     /// The pool's numbers now.
@@ -514,7 +595,7 @@ impl ModulePool {
         ConnectionStats {
             max: limits.max_connections,
             open: state.open,
-            idle: state.idle.len(),
+            idle: state.idle.len() + state.bare_idle.len(),
             queued: state.queue.iter().filter(|w| !w.is_closed()).count(),
             max_queued: limits.max_queued,
             long_lived: self.inner.long_lived.load(Ordering::Acquire),
@@ -529,13 +610,12 @@ impl ModulePool {
 
     /// Opens a connection, which holds `slot` (`None`: one beyond the cap).
     async fn connect(&self, slot: Option<Slot>) -> Result<Conn, PoolError> {
-        let stream = self
-            .connect_stream()
-            .await
-            .map_err(|source| PoolError::Connect {
-                socket: self.inner.socket.display().to_string(),
-                source,
-            })?;
+        let stream = self.connect_stream().await?;
+        self.run(stream, slot).await
+    }
+
+    /// Runs hyper's client connection on `stream`, which holds `slot`.
+    async fn run(&self, stream: ModuleStream, slot: Option<Slot>) -> Result<Conn, PoolError> {
         let (sender, connection) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await?;
@@ -556,7 +636,17 @@ impl ModulePool {
     /// below the backlog a module usually sets; this covers a cap set
     /// higher, or a module that sets a shorter backlog. A request whose
     /// incarnation fails meanwhile is dropped, and its retries with it.
-    async fn connect_stream(&self) -> io::Result<ModuleStream> {
+    async fn connect_stream(&self) -> Result<ModuleStream, PoolError> {
+        self.connect_socket()
+            .await
+            .map_err(|source| PoolError::Connect {
+                socket: self.inner.socket.display().to_string(),
+                source,
+            })
+    }
+
+    /// [`ModulePool::connect_stream`], its error bare.
+    async fn connect_socket(&self) -> io::Result<ModuleStream> {
         let mut pauses = CONNECT_RETRY;
         let mut waited = Duration::ZERO;
         loop {

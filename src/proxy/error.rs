@@ -222,6 +222,9 @@ pub enum UpstreamFailure {
     /// The exchange failed: the connect, the request or the answer's head.
     #[error(transparent)]
     Exchange(SharedError),
+    /// Its answer's head could not be passed on (a bare exchange's check).
+    #[error("{0}")]
+    BadAnswer(String),
     /// The answer's body broke off.
     #[error("the answer broke off: {0}")]
     AnswerBroke(#[source] SharedError),

@@ -20,6 +20,34 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
+/// Whether `name` is one of the hop-by-hop headers (any case).
+pub(crate) fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|hop| hop.as_str().eq_ignore_ascii_case(name))
+}
+
+/// Appends the current time as an HTTP date (`Date`), formatted at most
+/// once a second per thread.
+pub(crate) fn append_date(out: &mut Vec<u8>) {
+    use std::cell::RefCell;
+    use std::time::SystemTime;
+    thread_local! {
+        static CACHED: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+    }
+    let now = SystemTime::now();
+    let second = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    CACHED.with_borrow_mut(|(at, date)| {
+        if *at != second || date.is_empty() {
+            *at = second;
+            *date = httpdate::fmt_http_date(now);
+        }
+        out.extend_from_slice(date.as_bytes());
+    });
+}
+
 /// Why a module declined a request, when its answer (`status`, `headers`)
 /// is a decline: 421 with [`DECLINE_HEADER`](ray_dashd_contract::names::DECLINE_HEADER).
 pub(crate) fn declined(status: http::StatusCode, headers: &HeaderMap) -> Option<String> {

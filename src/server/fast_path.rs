@@ -25,7 +25,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::time::SystemTime;
 
 use axum::body::Body;
 use axum::response::Response;
@@ -41,7 +40,7 @@ use tracing::debug;
 
 use super::waiting::WAIT_AFTER;
 use super::Dispatch;
-use crate::proxy::{is_send_timeout, ClientSocket};
+use crate::proxy::{append_date, is_send_timeout, Answer, ClientSocket};
 
 /// Most header lines in a request head: hyper's default, beyond which hyper
 /// answers 431 (such a head goes to hyper).
@@ -136,7 +135,11 @@ pub(super) async fn serve(
             () = client_gone(socket.tcp()) => return Served::Closed,
         };
         let close = close || drain.is_cancelled();
-        if let Err(e) = write_response(socket, &mut write, response, close).await {
+        let written = match response {
+            Answer::Response(response) => write_response(socket, &mut write, response, close).await,
+            Answer::Bare(answer) => answer.relay(socket, &mut write, close).await,
+        };
+        if let Err(e) = written {
             if !is_send_timeout(&e) {
                 debug!(%peer, error = %e, "answer not written");
             }
@@ -323,7 +326,7 @@ fn write_head(
     }
     if !headers.contains_key(header::DATE) {
         write.extend_from_slice(b"date: ");
-        http_date(write);
+        append_date(write);
         write.extend_from_slice(b"\r\n");
     }
     let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
@@ -349,26 +352,6 @@ fn write_head(
     }
     write.extend_from_slice(b"\r\n");
     Ok(framing)
-}
-
-/// Appends the current time as an HTTP date, formatted at most once a
-/// second per thread.
-fn http_date(write: &mut Vec<u8>) {
-    use std::cell::RefCell;
-    thread_local! {
-        static CACHED: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
-    }
-    let now = SystemTime::now();
-    let second = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    CACHED.with_borrow_mut(|(at, date)| {
-        if *at != second || date.is_empty() {
-            *at = second;
-            *date = httpdate::fmt_http_date(now);
-        }
-        write.extend_from_slice(date.as_bytes());
-    });
 }
 
 #[cfg(test)]

@@ -1,0 +1,303 @@
+use super::*;
+
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::UnixListener;
+
+use crate::config::ConnectionLimits;
+
+/// The client's head and the framing `parse_answer` makes of `answer`.
+fn parsed(answer: &str) -> (String, Framing, bool, usize) {
+    match parse_answer(answer.as_bytes()) {
+        Ok(Parsed::Final(read)) => (
+            String::from_utf8(read.head).expect("utf-8"),
+            read.framing,
+            read.keep_alive,
+            read.start,
+        ),
+        Ok(Parsed::Partial) => panic!("partial: {answer:?}"),
+        Ok(Parsed::Informational(_)) => panic!("informational: {answer:?}"),
+        Err(_) => panic!("refused: {answer:?}"),
+    }
+}
+
+/// Why `parse_answer` refuses `answer`.
+fn refused(answer: &str) -> String {
+    match parse_answer(answer.as_bytes()) {
+        Err(Failed::Answer(failure)) => failure.to_string(),
+        _ => panic!("not refused: {answer:?}"),
+    }
+}
+
+fn lines(head: &str) -> Vec<&str> {
+    head.split("\r\n").filter(|l| !l.is_empty()).collect()
+}
+
+#[test]
+fn the_clients_head_keeps_end_to_end_headers_in_order_and_adds_date_and_length() {
+    let answer = "HTTP/1.1 200 Fine\r\nX-A: 1\r\nSet-Cookie: a=1\r\nContent-Length: 2\r\n\
+                  Set-Cookie: b=2\r\n\r\nok";
+    let (head, framing, keep_alive, start) = parsed(answer);
+    assert_eq!(framing, Framing::Length(2));
+    assert!(keep_alive);
+    assert_eq!(start, answer.len() - 2);
+    let lines = lines(&head);
+    assert_eq!(
+        lines[..4],
+        [
+            "HTTP/1.1 200 OK",
+            "X-A: 1",
+            "Set-Cookie: a=1",
+            "Set-Cookie: b=2"
+        ]
+    );
+    assert!(lines[4].starts_with("date: "), "{head}");
+    assert_eq!(lines[5], "content-length: 2");
+    assert_eq!(lines.len(), 6, "{head}");
+}
+
+#[test]
+fn hop_by_hop_headers_and_those_connection_names_are_dropped() {
+    let (head, _, keep_alive, _) = parsed(
+        "HTTP/1.1 200 OK\r\nConnection: X-Secret, close\r\nKeep-Alive: timeout=5\r\n\
+         X-Secret: 1\r\nx-secret: 2\r\nUpgrade: h2c\r\nProxy-Connection: x\r\nTrailer: y\r\n\
+         Date: Thu, 01 Jan 1970 00:00:00 GMT\r\nX-Kept: 3\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert!(!keep_alive);
+    assert_eq!(
+        lines(&head),
+        [
+            "HTTP/1.1 200 OK",
+            "Date: Thu, 01 Jan 1970 00:00:00 GMT",
+            "X-Kept: 3",
+            "content-length: 0"
+        ]
+    );
+}
+
+#[test]
+fn the_body_is_framed_as_the_module_framed_it() {
+    let (head, framing, keep_alive, _) =
+        parsed("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
+    assert_eq!(framing, Framing::Chunked);
+    assert!(keep_alive);
+    assert!(head.ends_with("transfer-encoding: chunked\r\n"), "{head}");
+    let (head, framing, keep_alive, _) = parsed("HTTP/1.1 200 OK\r\nX-A: 1\r\n\r\n");
+    assert_eq!(framing, Framing::UntilClose);
+    assert!(!keep_alive, "a body read to the close leaves no connection");
+    assert!(head.ends_with("transfer-encoding: chunked\r\n"), "{head}");
+    let (_, framing, _, _) = parsed("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n");
+    assert_eq!(framing, Framing::UntilClose);
+    let (head, framing, _, _) = parsed("HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\n");
+    assert_eq!(framing, Framing::Empty);
+    assert!(
+        !head.contains("content-length") && !head.contains("transfer-encoding"),
+        "{head}"
+    );
+    let (_, _, keep_alive, _) = parsed("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n");
+    assert!(!keep_alive, "HTTP/1.0 closes after the answer");
+}
+
+#[test]
+fn ambiguous_or_malformed_heads_are_refused() {
+    assert!(
+        refused("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .contains("both Transfer-Encoding and Content-Length")
+    );
+    assert!(
+        refused("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n")
+            .contains("differing")
+    );
+    assert!(refused("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n").contains("not a number"));
+    assert!(refused("HTTP/1.1 101 Switching Protocols\r\n\r\n").contains("switched"));
+    assert!(refused("HTTP/1.1 200 OK\r\nX: a\r\n folded\r\n\r\n").contains("malformed"));
+    assert!(refused("HTTP/1.1 099 Low\r\n\r\n").contains("status 99 is not valid"));
+    match parse_answer(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200") {
+        Ok(Parsed::Informational(len)) => assert_eq!(len, 40),
+        _ => panic!("not skipped as informational"),
+    }
+    assert!(matches!(
+        parse_answer(b"HTTP/1.1 200 OK\r\nX-A:"),
+        Ok(Parsed::Partial)
+    ));
+}
+
+/// A pool on a socket whose one connection answers every request head with
+/// `answer`, written in `pieces` of at most this many bytes, then keeps the
+/// connection open unless `close`.
+async fn module(
+    dir: &std::path::Path,
+    answer: &'static [u8],
+    pieces: usize,
+    close: bool,
+) -> ModulePool {
+    let path = dir.join("sock");
+    let listener = UnixListener::bind(&path).expect("bind");
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.expect("read") == 0 {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        for piece in answer.chunks(pieces) {
+            stream.write_all(piece).await.expect("write");
+            stream.flush().await.expect("flush");
+            // Pieces apart, so that reads see them apart; pacing, not
+            // waiting for a condition.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if close {
+            drop(stream);
+        } else {
+            std::future::pending::<()>().await;
+        }
+    });
+    ModulePool::new(
+        path,
+        ConnectionLimits {
+            max_connections: 4,
+            max_queued: 4,
+            max_long_lived: 1,
+        },
+    )
+}
+
+/// Runs a bare exchange with the module `module` sets up; returns what
+/// reached the client (or the relay's error) and whether the connection
+/// went back to the pool.
+async fn relayed(answer: &'static [u8], pieces: usize, close: bool) -> (io::Result<String>, bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = module(dir.path(), answer, pieces, close).await;
+    let mut conn = pool.lease_bare().await.expect("lease").expect("a slot");
+    let read = match send_and_read_head(&mut conn, b"GET / HTTP/1.1\r\nhost: m\r\n\r\n").await {
+        Ok(read) => read,
+        Err(_) => return (Err(io::Error::other("no head")), false),
+    };
+    let answer = BareAnswer {
+        conn,
+        pool: pool.clone(),
+        read,
+        cancel: CancellationToken::new(),
+        module: Arc::from("m"),
+        bytes_out: Counter::default(),
+    };
+    let mut client = Vec::new();
+    let mut write = Vec::new();
+    let result = answer.relay(&mut client, &mut write, false).await;
+    let kept = pool.stats().idle == 1;
+    (
+        result.map(|()| String::from_utf8_lossy(&client).into_owned()),
+        kept,
+    )
+}
+
+/// The body after the head of `written`.
+fn body(written: &str) -> &str {
+    &written[written.find("\r\n\r\n").expect("a head") + 4..]
+}
+
+#[tokio::test]
+async fn a_counted_body_in_pieces_is_passed_on_and_the_connection_kept() {
+    let (written, kept) = relayed(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world",
+        7,
+        false,
+    )
+    .await;
+    let written = written.expect("relayed");
+    assert!(written.starts_with("HTTP/1.1 200 OK\r\n"), "{written}");
+    assert!(!written.contains("100 Continue"), "{written}");
+    assert_eq!(body(&written), "hello world");
+    assert!(kept);
+}
+
+#[tokio::test]
+async fn a_chunked_body_is_chunked_again_without_extensions_or_trailers() {
+    let (written, kept) = relayed(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+          5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n",
+        5,
+        false,
+    )
+    .await;
+    let written = written.expect("relayed");
+    assert_eq!(body(&written), "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
+    assert!(!written.contains("X-Trailer"), "{written}");
+    assert!(kept);
+}
+
+#[tokio::test]
+async fn an_answer_the_module_says_closes_is_not_kept() {
+    let (written, kept) = relayed(
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+        64,
+        false,
+    )
+    .await;
+    assert_eq!(body(&written.expect("relayed")), "ok");
+    assert!(!kept);
+}
+
+#[tokio::test]
+async fn bytes_beyond_the_body_leave_the_connection_unused() {
+    let (written, kept) = relayed(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA",
+        64,
+        false,
+    )
+    .await;
+    assert_eq!(body(&written.expect("relayed")), "ok");
+    assert!(!kept);
+}
+
+#[tokio::test]
+async fn a_body_cut_short_or_badly_chunked_fails_the_relay() {
+    let (written, kept) = relayed(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+        64,
+        true,
+    )
+    .await;
+    let error = written.expect_err("a body cut short");
+    assert!(
+        error.to_string().contains("closed the connection"),
+        "{error}"
+    );
+    assert!(!kept);
+    let (written, kept) = relayed(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+        64,
+        false,
+    )
+    .await;
+    let error = written.expect_err("a malformed chunk");
+    assert!(error.to_string().contains("malformed"), "{error}");
+    assert!(!kept);
+}
+
+#[tokio::test]
+async fn a_body_read_to_the_close_is_chunked() {
+    let (written, kept) =
+        relayed(b"HTTP/1.1 200 OK\r\nX-A: 1\r\n\r\nuntil the close", 6, true).await;
+    let written = written.expect("relayed");
+    let chunks = body(&written);
+    assert!(chunks.ends_with("0\r\n\r\n"), "{chunks}");
+    let mut rest = chunks;
+    let mut data = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("a size line");
+        let size = usize::from_str_radix(size, 16).expect("hex");
+        if size == 0 {
+            break;
+        }
+        data.push_str(&after[..size]);
+        rest = &after[size + 2..];
+    }
+    assert_eq!(data, "until the close");
+    assert!(!kept);
+}

@@ -34,7 +34,7 @@ use crate::supervisor::{Gate, ModuleHandle};
 
 pub use bare::{Answer, BareAnswer, BareGet};
 pub(crate) use body::CancelableBody;
-pub(crate) use client_socket::{Activity, Client, ClientSocket};
+pub(crate) use client_socket::{Activity, Client, ClientConn, ClientSocket};
 pub use error::{ProxyError, SharedError, UpstreamFailure};
 pub(crate) use headers::{append_date, declined, from_browser, strip_hop_by_hop};
 pub(crate) use idle::{is_send_timeout, WriteTimeout};

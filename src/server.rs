@@ -228,7 +228,8 @@ impl Dispatch {
 
     /// The answer to come for a request the fast path may serve
     /// (`fast_path.rs`): one for a module's `http` route, under the URL
-    /// prefix if there is one, answered as hyper's path (`Dispatch::call`)
+    /// prefix if there is one, or for a `stream` route that a bare exchange
+    /// serves, answered as hyper's path (`Dispatch::call`)
     /// would answer it (refused by the guard or the token check, or
     /// forwarded). `None` for any other request, which hyper then serves.
     pub(super) fn fast_answer(
@@ -249,9 +250,13 @@ impl Dispatch {
         // but a refusal does not depend on the path, so the answer is the
         // same.
         let lookup = self.proxy.lookup(&request);
-        if !matches!(lookup.target(), Some((_, RouteKind::Http))) {
-            return None;
-        }
+        // A stream only as a bare exchange, which watches for the client
+        // leaving while the module is silent (as hyper's server does).
+        let stream = match lookup.target() {
+            Some((_, RouteKind::Http)) => false,
+            Some((_, RouteKind::Stream)) if prefix.is_none() => true,
+            _ => return None,
+        };
         if let Some(refused) = self.refuse(&request) {
             return Some(Box::pin(std::future::ready(Answer::Response(refused))));
         }
@@ -272,6 +277,7 @@ impl Dispatch {
                         answer
                     }));
                 }
+                Err(_) if stream => return None,
                 Err(back) => *back,
             }
         } else {

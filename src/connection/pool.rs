@@ -340,6 +340,25 @@ pub(crate) struct BareConn {
     slot: Slot,
     /// Whether it waited idle, and so may have been closed by the module.
     pub(crate) reused: bool,
+    /// A stream's ticket, held until the connection is dropped.
+    ticket: Option<LongLived>,
+}
+
+impl BareConn {
+    /// The answer's head came: a stream's connection gives its slot back
+    /// (the module took it off its backlog) and counts under its ticket
+    /// from now on; it is not given back to the pool after.
+    pub(crate) fn answered(&self) {
+        if self.ticket.is_some() {
+            self.slot.let_go();
+        }
+    }
+
+    /// Whether the connection may take another exchange once this one
+    /// ended cleanly: not a stream's.
+    pub(crate) fn reusable(&self) -> bool {
+        self.ticket.is_none()
+    }
 }
 
 impl ModulePool {
@@ -508,11 +527,16 @@ impl ModulePool {
 
     /// A bare connection (no hyper on it) for one exchange that the caller
     /// speaks itself: an idle one, else a new one while a slot is free and
-    /// no request waits. `None` when every slot is taken: the caller then
+    /// no request waits. A [`Hold::LongLived`] exchange needs a free ticket
+    /// first, and is refused at once without one. `None` when every slot is taken: the caller then
     /// sends through [`ModulePool::send`], which queues. An idle one the
     /// module closed since shows as an end before any answer; `reused` says
     /// it may be that.
-    pub(crate) async fn lease_bare(&self) -> Result<Option<BareConn>, PoolError> {
+    pub(crate) async fn lease_bare(&self, hold: Hold) -> Result<Option<BareConn>, PoolError> {
+        let ticket = match hold {
+            Hold::Exchange => None,
+            Hold::LongLived => Some(self.long_lived()?),
+        };
         let slot = {
             let mut state = self.inner.state();
             if let Some((stream, slot)) = state.bare_idle.pop() {
@@ -520,6 +544,7 @@ impl ModulePool {
                     stream,
                     slot,
                     reused: true,
+                    ticket,
                 }));
             }
             if state.open >= self.inner.limits.max_connections || !state.queue.is_empty() {
@@ -534,6 +559,7 @@ impl ModulePool {
             stream,
             slot,
             reused: false,
+            ticket,
         }))
     }
 

@@ -1,6 +1,6 @@
-//! Bare exchanges: a bodiless `GET` for a module's `http` route, spoken
-//! over a bare connection from the module's pool rather than through
-//! hyper's client, its answer passed on to the client as it comes.
+//! Bare exchanges: a bodiless `GET` for a module's `http` or `stream`
+//! route, spoken over a bare connection from the module's pool rather than
+//! through hyper's client, its answer passed on to the client as it comes.
 //!
 //! hyper's client connection runs in a task of its own, builds a header
 //! map of the answer and hands head and body over channels: about 12,400
@@ -12,8 +12,11 @@
 //! decoded from chunks and chunked again, or read to the module's close.
 //!
 //! What holds as on hyper's path: the answer's deadline
-//! (`http_response_timeout`, from before the connect), the incarnation's
-//! cancellation (the exchange fails the moment it does), the 502 on a
+//! (`http_response_timeout`, from before the connect; none for a stream),
+//! a stream's ticket under `max_long_lived_connections` and its slot let
+//! go once answered, its connection never reused, the incarnation's
+//! cancellation (the exchange fails the moment it does), a client that
+//! leaves while the module is silent giving the answer up, the 502 on a
 //! `Content-Length` beside a `Transfer-Encoding` and on any malformed
 //! head or framing, the route's metrics and the module's byte count. An
 //! idle connection the module closed is found closed before any answer
@@ -26,16 +29,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::response::Response;
+use futures_util::future::Either;
+use futures_util::FutureExt;
 use http::{Request, StatusCode};
 use prometheus_client::metrics::counter::Counter;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::body::ModuleFailed;
 use super::error::{ProxyError, UpstreamFailure};
 use super::headers::{append_date, is_hop_by_hop, strip_hop_by_hop};
+use super::ClientConn;
 use super::{Proxy, Routed};
-use crate::connection::{BareConn, ModulePool};
+use crate::connection::{BareConn, Hold, ModulePool, PoolError};
+use crate::metrics::OpenGuard;
 use crate::routes::{Lookup, RouteKind};
 use crate::supervisor::ModuleHandle;
 use axum::body::Body;
@@ -81,6 +88,7 @@ pub struct BareGet {
     request: Request<Body>,
     module: ModuleHandle,
     route: usize,
+    kind: RouteKind,
 }
 
 impl std::fmt::Debug for BareGet {
@@ -94,8 +102,8 @@ impl std::fmt::Debug for BareGet {
 
 impl Proxy {
     /// A bare exchange for `request` (a bodiless HTTP/1.1 `GET`) if its
-    /// route may have one: an `http` route with neither shared answers nor
-    /// a fallback. Else both back.
+    /// route may have one: an `http` or `stream` route with neither shared
+    /// answers nor a fallback. Else both back.
     pub fn bare_get(
         &self,
         routed: Routed,
@@ -106,7 +114,8 @@ impl Proxy {
         };
         let module = &routed.routing.modules[target.module];
         let route = &module.spec().routes[target.route];
-        if target.kind != RouteKind::Http || route.cache.is_some() || route.fallback.is_some() {
+        if target.kind == RouteKind::Websocket || route.cache.is_some() || route.fallback.is_some()
+        {
             return Err(Box::new((routed, request)));
         }
         let module = module.clone();
@@ -115,6 +124,7 @@ impl Proxy {
             request,
             module,
             route: target.route,
+            kind: target.kind,
         })
     }
 
@@ -147,49 +157,67 @@ impl BareGet {
             request,
             module,
             route,
+            kind,
         } = self;
         let gate = match module.admit_or_start().await {
             Ok(gate) => gate,
             Err(why) => {
                 return Answer::Response(recorded(
                     &module,
-                    route,
+                    (kind, route),
                     started,
                     ProxyError::not_ready(&module, why),
                 ))
             }
         };
-        let deadline = proxy.settings.http_response_timeout;
+        // A stream has no deadline for its head, as on hyper's path.
+        let (deadline, hold) = match kind {
+            RouteKind::Http => (Some(proxy.settings.http_response_timeout), Hold::Exchange),
+            RouteKind::Stream | RouteKind::Websocket => (None, Hold::LongLived),
+        };
         let head = request_head(request);
-        let exchange = exchange(&gate.client, &head);
+        let exchange = exchange(&gate.client, &head, hold);
+        tokio::pin!(exchange);
+        let bounded = match deadline {
+            Some(after) => Either::Left(
+                tokio::time::timeout(after, exchange.as_mut()).map(move |r| r.map_err(|_| after)),
+            ),
+            None => Either::Right(exchange.as_mut().map(Ok)),
+        };
+        let name = || module.name().to_owned();
         let result = tokio::select! {
             biased;
             () = gate.cancel.cancelled() => Err(ProxyError::Upstream {
-                module: module.name().to_owned(),
+                module: name(),
                 reason: UpstreamFailure::IncarnationFailed { incarnation: gate.incarnation },
             }),
-            result = tokio::time::timeout(deadline, exchange) => match result {
+            result = bounded => match result {
                 Ok(Ok(Some(answer))) => Ok(answer),
                 Ok(Ok(None)) => {
                     // No slot free: the usual path, which queues.
                     let request = replay(&head);
                     return Answer::Response(Box::pin(proxy.answer(routed, request)).await);
                 }
-                Ok(Err(failure)) => Err(ProxyError::Upstream {
-                    module: module.name().to_owned(),
+                Ok(Err(Refused::Pool(PoolError::LongLivedFull { limit }))) => {
+                    Err(ProxyError::LongLivedFull { module: name(), limit })
+                }
+                Ok(Err(Refused::Pool(e))) => Err(ProxyError::Upstream {
+                    module: name(),
+                    reason: UpstreamFailure::Exchange(Arc::new(e)),
+                }),
+                Ok(Err(Refused::Failed(failure))) => Err(ProxyError::Upstream {
+                    module: name(),
                     reason: failure,
                 }),
-                Err(_) => Err(ProxyError::Timeout {
-                    module: module.name().to_owned(),
-                    after: deadline,
-                }),
+                Err(after) => Err(ProxyError::Timeout { module: name(), after }),
             },
         };
         match result {
             Ok((conn, read)) => {
+                conn.answered();
                 module
                     .metrics()
-                    .record(RouteKind::Http, route, read.status, started.elapsed());
+                    .record(kind, route, read.status, started.elapsed());
                 Answer::Bare(BareAnswer {
                     conn,
                     pool: gate.client.clone(),
@@ -197,18 +225,25 @@ impl BareGet {
                     cancel: gate.cancel.clone(),
                     module: Arc::clone(module.shared_name()),
                     bytes_out: module.metrics().bytes_out().clone(),
+                    _open: (kind == RouteKind::Stream).then(|| module.metrics().stream_open()),
                 })
             }
-            Err(error) => Answer::Response(recorded(&module, route, started, error)),
+            Err(error) => Answer::Response(recorded(&module, (kind, route), started, error)),
         }
     }
 }
 
-/// `error`'s response, recorded in `route`'s metrics.
-fn recorded(module: &ModuleHandle, route: usize, started: Instant, error: ProxyError) -> Response {
+/// `error`'s response, recorded in the metrics of `route` (its kind and
+/// index).
+fn recorded(
+    module: &ModuleHandle,
+    (kind, route): (RouteKind, usize),
+    started: Instant,
+    error: ProxyError,
+) -> Response {
     module
         .metrics()
-        .record(RouteKind::Http, route, error.status(), started.elapsed());
+        .record(kind, route, error.status(), started.elapsed());
     error_response(error)
 }
 
@@ -255,28 +290,38 @@ fn replay(head: &RequestHead) -> Request<Body> {
     again
 }
 
-/// The exchange up to the answer's head: a bare connection from `pool`,
-/// the request written, the head read. `None` when no slot is free.
+/// Why an exchange got no answer's head.
+enum Refused {
+    /// The pool gave no connection.
+    Pool(PoolError),
+    /// The exchange failed.
+    Failed(UpstreamFailure),
+}
+
+/// The exchange up to the answer's head: a bare connection from `pool`
+/// held as `hold` says, the request written, the head read. `None` when no
+/// slot is free.
 async fn exchange(
     pool: &ModulePool,
     head: &RequestHead,
-) -> Result<Option<(BareConn, ReadAnswer)>, UpstreamFailure> {
+    hold: Hold,
+) -> Result<Option<(BareConn, ReadAnswer)>, Refused> {
     let mut tries = 0;
     loop {
         tries += 1;
-        let mut conn = match pool.lease_bare().await {
+        let mut conn = match pool.lease_bare(hold).await {
             Ok(Some(conn)) => conn,
             Ok(None) => return Ok(None),
-            Err(e) => return Err(UpstreamFailure::Exchange(Arc::new(e))),
+            Err(e) => return Err(Refused::Pool(e)),
         };
         match send_and_read_head(&mut conn, &head.bytes).await {
             Ok(read) => return Ok(Some((conn, read))),
             // Closed while idle: another connection.
             Err(Failed::Closed(_)) if conn.reused && tries < MAX_TRIES => continue,
             Err(Failed::Closed(e)) | Err(Failed::Io(e)) => {
-                return Err(UpstreamFailure::Exchange(Arc::new(e)))
+                return Err(Refused::Failed(UpstreamFailure::Exchange(Arc::new(e))))
             }
-            Err(Failed::Answer(failure)) => return Err(failure),
+            Err(Failed::Answer(failure)) => return Err(Refused::Failed(failure)),
         }
     }
 }
@@ -512,6 +557,8 @@ pub struct BareAnswer {
     cancel: CancellationToken,
     module: Arc<str>,
     bytes_out: Counter,
+    /// A stream's count as open, until the relay ends.
+    _open: Option<OpenGuard>,
 }
 
 impl std::fmt::Debug for BareAnswer {
@@ -528,9 +575,9 @@ impl BareAnswer {
     /// `close`, `write` as the buffer. An error leaves the client's
     /// connection unusable: the caller closes it. The module's connection
     /// goes back to the pool when its answer ended cleanly.
-    pub async fn relay(
+    pub(crate) async fn relay(
         self,
-        client: &mut (impl AsyncWrite + Unpin),
+        client: &mut impl ClientConn,
         write: &mut Vec<u8>,
         close: bool,
     ) -> io::Result<()> {
@@ -541,6 +588,7 @@ impl BareAnswer {
             cancel,
             module,
             bytes_out,
+            _open,
         } = self;
         write.clear();
         write.extend_from_slice(&read.head);
@@ -554,7 +602,7 @@ impl BareAnswer {
             relayed = relay_body(&mut conn, &mut read, client, write) => relayed?,
         };
         bytes_out.inc_by(relayed.bytes);
-        if relayed.clean && read.keep_alive && read.start == read.buf.len() {
+        if relayed.clean && read.keep_alive && read.start == read.buf.len() && conn.reusable() {
             pool.give_back_bare(conn).await;
         }
         Ok(())
@@ -571,7 +619,7 @@ struct Relayed {
 async fn relay_body(
     conn: &mut BareConn,
     read: &mut ReadAnswer,
-    client: &mut (impl AsyncWrite + Unpin),
+    client: &mut impl ClientConn,
     write: &mut Vec<u8>,
 ) -> io::Result<Relayed> {
     let mut bytes = 0u64;
@@ -660,7 +708,7 @@ async fn relay_body(
 async fn pass(
     conn: &mut BareConn,
     read: &mut ReadAnswer,
-    client: &mut (impl AsyncWrite + Unpin),
+    client: &mut impl ClientConn,
     write: &mut Vec<u8>,
     length: u64,
     place: &str,
@@ -681,11 +729,7 @@ async fn pass(
 
 /// Appends `data` to what goes to the client, or writes both now when it
 /// is large.
-async fn put(
-    client: &mut (impl AsyncWrite + Unpin),
-    write: &mut Vec<u8>,
-    data: &[u8],
-) -> io::Result<()> {
+async fn put(client: &mut impl ClientConn, write: &mut Vec<u8>, data: &[u8]) -> io::Result<()> {
     if data.len() <= COALESCE_BYTES {
         write.extend_from_slice(data);
         return Ok(());
@@ -696,11 +740,7 @@ async fn put(
 }
 
 /// Appends `data` as one chunk.
-async fn chunk(
-    client: &mut (impl AsyncWrite + Unpin),
-    write: &mut Vec<u8>,
-    data: &[u8],
-) -> io::Result<()> {
+async fn chunk(client: &mut impl ClientConn, write: &mut Vec<u8>, data: &[u8]) -> io::Result<()> {
     write.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
     put(client, write, data).await?;
     write.extend_from_slice(b"\r\n");
@@ -712,7 +752,7 @@ async fn chunk(
 async fn fill(
     conn: &mut BareConn,
     read: &mut ReadAnswer,
-    client: &mut (impl AsyncWrite + Unpin),
+    client: &mut impl ClientConn,
     write: &mut Vec<u8>,
     place: &str,
 ) -> io::Result<()> {
@@ -730,7 +770,7 @@ async fn fill(
 async fn more(
     conn: &mut BareConn,
     read: &mut ReadAnswer,
-    client: &mut (impl AsyncWrite + Unpin),
+    client: &mut impl ClientConn,
     write: &mut Vec<u8>,
 ) -> io::Result<bool> {
     if !write.is_empty() {
@@ -746,7 +786,18 @@ async fn more(
     }
     read.buf
         .reserve(BODY_READ_BYTES.saturating_sub(read.buf.capacity() - read.buf.len()));
-    let n = conn.stream.read_buf(&mut read.buf).await?;
+    // A client that leaves while the module is silent gives the answer up,
+    // as on hyper's path.
+    let n = tokio::select! {
+        biased;
+        n = conn.stream.read_buf(&mut read.buf) => n?,
+        () = client.gone() => {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the client closed its connection",
+            ))
+        }
+    };
     Ok(n > 0)
 }
 

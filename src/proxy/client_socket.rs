@@ -71,6 +71,14 @@ impl Activity {
     }
 }
 
+/// A client's connection as a relay writes to it, which can also tell
+/// when the client has gone.
+pub(crate) trait ClientConn: AsyncWrite + Unpin + Send {
+    /// Resolves once the client has closed its connection (or it failed);
+    /// never, once it has sent more (a next request, read later).
+    fn gone(&self) -> impl std::future::Future<Output = ()> + Send + '_;
+}
+
 // === impl ClientSocket ===
 
 /// A client's plain socket as its hyper connection sees it: bytes read before
@@ -139,6 +147,19 @@ impl ClientSocket {
             }
         }
         polled
+    }
+}
+
+impl ClientConn for ClientSocket {
+    fn gone(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        let tcp = self.tcp();
+        async move {
+            let mut byte = [0u8; 1];
+            match tcp.peek(&mut byte).await {
+                Ok(0) | Err(_) => {}
+                Ok(_) => std::future::pending().await,
+            }
+        }
     }
 }
 

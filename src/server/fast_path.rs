@@ -1,7 +1,8 @@
 //! The fast path: the commonest request a dashboard gets, a `GET` without a
-//! body for a module's `http` route on a plain HTTP/1.1 connection, read,
-//! answered and written by the connection's task itself, without a hyper
-//! server connection.
+//! body for a module's `http` route (or a `stream` route, when a bare
+//! exchange serves it) on a plain HTTP/1.1 connection, read, answered and
+//! written by the connection's task itself, without a hyper server
+//! connection.
 //!
 //! hyper's server connection is general (bodies both ways, upgrades,
 //! `Expect`, HTTP/1.0, its dispatcher and buffers); for a bodiless `GET` it
@@ -32,15 +33,14 @@ use bytes::{Buf, Bytes};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, StatusCode, Uri};
 use http_body::Body as _;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::waiting::WAIT_AFTER;
 use super::Dispatch;
-use crate::proxy::{append_date, is_send_timeout, Answer, ClientSocket};
+use crate::proxy::{append_date, is_send_timeout, Answer, ClientConn, ClientSocket};
 
 /// Most header lines in a request head: hyper's default, beyond which hyper
 /// answers 431 (such a head goes to hyper).
@@ -132,7 +132,7 @@ pub(super) async fn serve(
         let response = tokio::select! {
             biased;
             response = answer => response,
-            () = client_gone(socket.tcp()) => return Served::Closed,
+            () = socket.gone() => return Served::Closed,
         };
         let close = close || drain.is_cancelled();
         let written = match response {
@@ -152,16 +152,6 @@ pub(super) async fn serve(
             let _ = socket.shutdown().await;
             return Served::Closed;
         }
-    }
-}
-
-/// Resolves once the client has closed its connection (or it failed);
-/// never, once it has sent more (a next request, read after this answer).
-async fn client_gone(tcp: &TcpStream) {
-    let mut byte = [0u8; 1];
-    match tcp.peek(&mut byte).await {
-        Ok(0) | Err(_) => {}
-        Ok(_) => std::future::pending().await,
     }
 }
 
@@ -224,7 +214,7 @@ enum Framing {
 /// with what precedes them). An answer whose body fails or does not match
 /// its `Content-Length` is an error: the connection must close.
 async fn write_response(
-    socket: &mut (impl AsyncWrite + Unpin),
+    socket: &mut impl ClientConn,
     write: &mut Vec<u8>,
     response: Response,
     close: bool,
@@ -240,7 +230,18 @@ async fn write_response(
     )?;
     let mut sent: u64 = 0;
     while !body.is_end_stream() {
-        let Some(frame) = body.frame().await else {
+        // A client that leaves while the body is silent gives it up.
+        let frame = tokio::select! {
+            biased;
+            frame = body.frame() => frame,
+            () = socket.gone() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the client closed its connection",
+                ))
+            }
+        };
+        let Some(frame) = frame else {
             break;
         };
         let frame = frame.map_err(io::Error::other)?;

@@ -7,6 +7,13 @@ use tokio::net::UnixListener;
 
 use crate::config::ConnectionLimits;
 
+/// A client that never leaves.
+impl ClientConn for Vec<u8> {
+    fn gone(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
+}
+
 /// The client's head and the framing `parse_answer` makes of `answer`.
 fn parsed(answer: &str) -> (String, Framing, bool, usize) {
     match parse_answer(answer.as_bytes()) {
@@ -173,7 +180,11 @@ async fn module(
 async fn relayed(answer: &'static [u8], pieces: usize, close: bool) -> (io::Result<String>, bool) {
     let dir = tempfile::tempdir().expect("tempdir");
     let pool = module(dir.path(), answer, pieces, close).await;
-    let mut conn = pool.lease_bare().await.expect("lease").expect("a slot");
+    let mut conn = pool
+        .lease_bare(Hold::Exchange)
+        .await
+        .expect("lease")
+        .expect("a slot");
     let read = match send_and_read_head(&mut conn, b"GET / HTTP/1.1\r\nhost: m\r\n\r\n").await {
         Ok(read) => read,
         Err(_) => return (Err(io::Error::other("no head")), false),
@@ -185,6 +196,7 @@ async fn relayed(answer: &'static [u8], pieces: usize, close: bool) -> (io::Resu
         cancel: CancellationToken::new(),
         module: Arc::from("m"),
         bytes_out: Counter::default(),
+        _open: None,
     };
     let mut client = Vec::new();
     let mut write = Vec::new();

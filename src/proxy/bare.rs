@@ -54,8 +54,13 @@ const MAX_ANSWER_LINES: usize = 100;
 const MAX_ANSWER_HEAD_BYTES: usize = 400 * 1024;
 /// What the module read buffer starts at; a head grows it.
 const READ_BUFFER_BYTES: usize = 8 * 1024;
-/// The room a body read asks for.
+/// The room a body read asks for at first; doubled, up to
+/// [`MAX_BODY_READ_BYTES`], each time a read fills it (a stream that
+/// keeps the socket full is then read in fewer, larger reads, as hyper's
+/// growing buffer did).
 const BODY_READ_BYTES: usize = 64 * 1024;
+/// The most a body read asks for.
+const MAX_BODY_READ_BYTES: usize = 256 * 1024;
 /// A body piece up to this size is copied behind what precedes it.
 const COALESCE_BYTES: usize = 16 * 1024;
 /// Most bytes of a chunk-size line or of the trailers.
@@ -347,6 +352,8 @@ pub(crate) struct ReadAnswer {
     /// The module's bytes; `buf[start..]` are the body's (and beyond).
     buf: Vec<u8>,
     start: usize,
+    /// The room the next body read asks for.
+    room: usize,
 }
 
 /// How the module frames the body.
@@ -537,6 +544,7 @@ fn parse_answer(bytes: &[u8]) -> Result<Parsed, Failed> {
         keep_alive,
         buf: Vec::new(),
         start: len,
+        room: BODY_READ_BYTES,
     }))
 }
 
@@ -727,16 +735,30 @@ async fn pass(
     }
 }
 
-/// Appends `data` to what goes to the client, or writes both now when it
-/// is large.
+/// Appends `data` to what goes to the client, or, when it is large,
+/// writes both now in one vectored write (and what it leaves, until all
+/// is written).
 async fn put(client: &mut impl ClientConn, write: &mut Vec<u8>, data: &[u8]) -> io::Result<()> {
     if data.len() <= COALESCE_BYTES {
         write.extend_from_slice(data);
         return Ok(());
     }
-    client.write_all(write).await?;
+    let (mut first, mut second) = (0, 0);
+    while first < write.len() || second < data.len() {
+        let slices = [
+            io::IoSlice::new(&write[first..]),
+            io::IoSlice::new(&data[second..]),
+        ];
+        let n = client.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_first = n.min(write.len() - first);
+        first += from_first;
+        second += n - from_first;
+    }
     write.clear();
-    client.write_all(data).await
+    Ok(())
 }
 
 /// Appends `data` as one chunk.
@@ -784,13 +806,21 @@ async fn more(
         read.buf.drain(..read.start);
         read.start = 0;
     }
-    read.buf
-        .reserve(BODY_READ_BYTES.saturating_sub(read.buf.capacity() - read.buf.len()));
+    read.buf.reserve(
+        read.room
+            .saturating_sub(read.buf.capacity() - read.buf.len()),
+    );
     // A client that leaves while the module is silent gives the answer up,
     // as on hyper's path.
     let n = tokio::select! {
         biased;
-        n = conn.stream.read_buf(&mut read.buf) => n?,
+        n = conn.stream.read_buf(&mut read.buf) => {
+            let n = n?;
+            if n >= read.room {
+                read.room = (read.room * 2).min(MAX_BODY_READ_BYTES);
+            }
+            n
+        }
         () = client.gone() => {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionAborted,

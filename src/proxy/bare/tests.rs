@@ -313,3 +313,52 @@ async fn a_body_read_to_the_close_is_chunked() {
     assert_eq!(data, "until the close");
     assert!(!kept);
 }
+
+/// A client that takes at most 7 bytes a write, of the first slice only.
+#[derive(Default)]
+struct Trickle(Vec<u8>);
+
+impl tokio::io::AsyncWrite for Trickle {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let n = buf.len().min(7);
+        self.0.extend_from_slice(&buf[..n]);
+        std::task::Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl ClientConn for Trickle {
+    fn gone(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
+}
+
+/// A large piece goes out behind what was pending, whole and in order,
+/// however little each write takes.
+#[tokio::test]
+async fn a_large_piece_is_written_whole_behind_what_waited() {
+    let data: Vec<u8> = (0..COALESCE_BYTES * 2).map(|i| (i % 251) as u8).collect();
+    let mut client = Trickle::default();
+    let mut write = b"pending head ".to_vec();
+    put(&mut client, &mut write, &data).await.expect("put");
+    assert!(write.is_empty());
+    assert_eq!(&client.0[..13], b"pending head ");
+    assert_eq!(&client.0[13..], &data[..]);
+}

@@ -34,9 +34,13 @@ use crate::supervisor::{Gate, ModuleHandle};
 
 pub use bare::{Answer, BareAnswer, BareGet};
 pub(crate) use body::CancelableBody;
-pub(crate) use client_socket::{Activity, Client, ClientConn, ClientSocket};
+#[cfg(test)]
+pub(crate) use client_socket::COALESCE_BYTES;
+pub(crate) use client_socket::{put, put_chunk, Activity, Client, ClientConn, ClientSocket};
 pub use error::{ProxyError, SharedError, UpstreamFailure};
-pub(crate) use headers::{append_date, declined, from_browser, strip_hop_by_hop};
+pub(crate) use headers::{
+    append_date, connection_tokens, declined, from_browser, strip_hop_by_hop,
+};
 pub(crate) use idle::{is_send_timeout, WriteTimeout};
 use idle::{BodyTimeout, ClientBodyError};
 use shared::{Shared, SharedAnswers};

@@ -213,17 +213,7 @@ impl Dispatch {
     ) -> impl Future<Output = Response> + Send + 'static {
         let span = request_span(&lookup, &request);
         let proxy = Arc::clone(&self.proxy);
-        async move {
-            if span.is_disabled() {
-                return forward(&proxy, lookup, request).await;
-            }
-            let started = tokio::time::Instant::now();
-            let response = forward(&proxy, lookup, request)
-                .instrument(span.clone())
-                .await;
-            finish_span(&span, response.status(), started);
-            response
-        }
+        async move { in_span(span, forward(&proxy, lookup, request), Response::status).await }
     }
 
     /// The answer to come for a request the fast path may serve
@@ -267,14 +257,8 @@ impl Dispatch {
             match self.proxy.bare_get(lookup, request) {
                 Ok(get) => {
                     let proxy = Arc::clone(&self.proxy);
-                    if span.is_disabled() {
-                        return Some(Box::pin(async move { get.answer(&proxy).await }));
-                    }
                     return Some(Box::pin(async move {
-                        let started = tokio::time::Instant::now();
-                        let answer = get.answer(&proxy).instrument(span.clone()).await;
-                        finish_span(&span, answer.status(), started);
-                        answer
+                        in_span(span, get.answer(&proxy), Answer::status).await
                     }));
                 }
                 Err(_) if stream => return None,
@@ -347,11 +331,23 @@ fn request_span(routed: &Routed, request: &Request<Body>) -> tracing::Span {
     )
 }
 
-/// Ends a request span: the answer's status and the time to its head.
-fn finish_span(span: &tracing::Span, status: http::StatusCode, started: tokio::time::Instant) {
-    span.record("status", status.as_u16());
+/// Awaits `answer` in `span` (a request span) unless it is disabled; then
+/// records the status `status_of` reads from the answer and the time to
+/// it, and logs the request's end.
+async fn in_span<T>(
+    span: tracing::Span,
+    answer: impl Future<Output = T>,
+    status_of: impl FnOnce(&T) -> http::StatusCode,
+) -> T {
+    if span.is_disabled() {
+        return answer.await;
+    }
+    let started = tokio::time::Instant::now();
+    let answer = answer.instrument(span.clone()).await;
+    span.record("status", status_of(&answer).as_u16());
     span.record("latency_us", started.elapsed().as_micros() as u64);
     span.in_scope(|| debug!("finished processing request"));
+    answer
 }
 
 /// Forwards a request a module route claims; failures become responses.

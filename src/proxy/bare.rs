@@ -37,9 +37,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::body::ModuleFailed;
+use super::client_socket::{put, put_chunk, ClientConn};
 use super::error::{ProxyError, UpstreamFailure};
-use super::headers::{append_date, is_hop_by_hop, strip_hop_by_hop};
-use super::ClientConn;
+use super::headers::{append_date, connection_tokens, is_hop_by_hop, strip_hop_by_hop};
 use super::{Proxy, Routed};
 use crate::connection::{BareConn, Hold, ModulePool, PoolError};
 use crate::metrics::OpenGuard;
@@ -61,8 +61,6 @@ const READ_BUFFER_BYTES: usize = 8 * 1024;
 const BODY_READ_BYTES: usize = 64 * 1024;
 /// The most a body read asks for.
 const MAX_BODY_READ_BYTES: usize = 256 * 1024;
-/// A body piece up to this size is copied behind what precedes it.
-const COALESCE_BYTES: usize = 16 * 1024;
 /// Most bytes of a chunk-size line or of the trailers.
 const MAX_CHUNK_META_BYTES: usize = 64 * 1024;
 /// Most idle connections tried for one request before a new one.
@@ -548,14 +546,6 @@ fn parse_answer(bytes: &[u8]) -> Result<Parsed, Failed> {
     }))
 }
 
-/// The comma-separated tokens of a `Connection` value, trimmed.
-fn connection_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value
-        .split(|b| *b == b',')
-        .map(<[u8]>::trim_ascii)
-        .filter(|t| !t.is_empty())
-}
-
 /// A bare exchange's answer, its head read: relayed to the client with
 /// [`BareAnswer::relay`].
 pub struct BareAnswer {
@@ -647,7 +637,7 @@ async fn relay_body(
         Framing::UntilClose => loop {
             let here = read.buf.len() - read.start;
             if here > 0 {
-                chunk(client, write, &read.buf[read.start..]).await?;
+                put_chunk(client, write, &read.buf[read.start..]).await?;
                 read.start += here;
                 bytes += here as u64;
             }
@@ -733,40 +723,6 @@ async fn pass(
         }
         fill(conn, read, client, write, place).await?;
     }
-}
-
-/// Appends `data` to what goes to the client, or, when it is large,
-/// writes both now in one vectored write (and what it leaves, until all
-/// is written).
-async fn put(client: &mut impl ClientConn, write: &mut Vec<u8>, data: &[u8]) -> io::Result<()> {
-    if data.len() <= COALESCE_BYTES {
-        write.extend_from_slice(data);
-        return Ok(());
-    }
-    let (mut first, mut second) = (0, 0);
-    while first < write.len() || second < data.len() {
-        let slices = [
-            io::IoSlice::new(&write[first..]),
-            io::IoSlice::new(&data[second..]),
-        ];
-        let n = client.write_vectored(&slices).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        let from_first = n.min(write.len() - first);
-        first += from_first;
-        second += n - from_first;
-    }
-    write.clear();
-    Ok(())
-}
-
-/// Appends `data` as one chunk.
-async fn chunk(client: &mut impl ClientConn, write: &mut Vec<u8>, data: &[u8]) -> io::Result<()> {
-    write.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-    put(client, write, data).await?;
-    write.extend_from_slice(b"\r\n");
-    Ok(())
 }
 
 /// Reads more of the module's answer, what waits for the client written

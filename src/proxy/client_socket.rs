@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::descriptors::ClientStream;
 use crate::proxy::WriteTimeout;
@@ -77,6 +77,54 @@ pub(crate) trait ClientConn: AsyncWrite + Unpin + Send {
     /// Resolves once the client has closed its connection (or it failed);
     /// never, once it has sent more (a next request, read later).
     fn gone(&self) -> impl std::future::Future<Output = ()> + Send + '_;
+}
+
+/// A body piece up to this size is copied behind what precedes it and
+/// goes out in the same write; a larger one goes out with it in one
+/// vectored write.
+pub(crate) const COALESCE_BYTES: usize = 16 * 1024;
+
+/// Appends `data` to what goes to the client, or, when it is large,
+/// writes both now in one vectored write (and what it leaves, until all
+/// is written).
+pub(crate) async fn put(
+    client: &mut impl ClientConn,
+    write: &mut Vec<u8>,
+    data: &[u8],
+) -> io::Result<()> {
+    if data.len() <= COALESCE_BYTES {
+        write.extend_from_slice(data);
+        return Ok(());
+    }
+    let (mut first, mut second) = (0, 0);
+    while first < write.len() || second < data.len() {
+        let slices = [
+            io::IoSlice::new(&write[first..]),
+            io::IoSlice::new(&data[second..]),
+        ];
+        let n = client.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_first = n.min(write.len() - first);
+        first += from_first;
+        second += n - from_first;
+    }
+    write.clear();
+    Ok(())
+}
+
+/// Appends `data` as one chunk (its size line, the data, the line's
+/// end), as [`put`] does.
+pub(crate) async fn put_chunk(
+    client: &mut impl ClientConn,
+    write: &mut Vec<u8>,
+    data: &[u8],
+) -> io::Result<()> {
+    write.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    put(client, write, data).await?;
+    write.extend_from_slice(b"\r\n");
+    Ok(())
 }
 
 // === impl ClientSocket ===

@@ -77,6 +77,14 @@ pub(crate) fn tokens(headers: &HeaderMap, name: HeaderName) -> impl Iterator<Ite
         .map(str::trim)
 }
 
+/// The comma-separated tokens of a `Connection` value, trimmed.
+pub(crate) fn connection_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
 /// Removes the hop-by-hop headers and every header that `Connection` names.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none: one pass over their few names says so

@@ -29,7 +29,7 @@ use std::net::SocketAddr;
 
 use axum::body::Body;
 use axum::response::Response;
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, StatusCode, Uri};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -40,7 +40,10 @@ use tracing::debug;
 
 use super::waiting::WAIT_AFTER;
 use super::Dispatch;
-use crate::proxy::{append_date, is_send_timeout, Answer, ClientConn, ClientSocket};
+use crate::proxy::{
+    append_date, connection_tokens, is_send_timeout, put, put_chunk, Answer, ClientConn,
+    ClientSocket,
+};
 
 /// Most header lines in a request head: hyper's default, beyond which hyper
 /// answers 431 (such a head goes to hyper).
@@ -48,10 +51,6 @@ const MAX_HEADER_LINES: usize = 100;
 /// What a connection's read buffer starts at: a browser's request head with
 /// its cookies fits; a larger one grows it, up to the header limit.
 const READ_BUFFER_BYTES: usize = 4096;
-/// A body chunk up to this size is copied behind the head (or the chunk
-/// size line) and goes out in the same write; a larger one goes out on its
-/// own.
-const COALESCE_BYTES: usize = 16 * 1024;
 /// A write buffer grown beyond this by one answer is let go after it.
 const KEEP_WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -183,10 +182,7 @@ fn plain_get(read: &[u8]) -> Option<(Request<Body>, usize, bool)> {
         }
         let value = HeaderValue::from_bytes(line.value).ok()?;
         if name == header::CONNECTION {
-            close |= value
-                .as_bytes()
-                .split(|b| *b == b',')
-                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"));
+            close |= connection_tokens(value.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"close"));
         }
         headers.append(name, value);
     }
@@ -247,7 +243,7 @@ async fn write_response(
         let frame = frame.map_err(io::Error::other)?;
         // Trailers are dropped, as hyper's server drops them for a client
         // that did not ask for them.
-        let Ok(mut data) = frame.into_data() else {
+        let Ok(data) = frame.into_data() else {
             continue;
         };
         if data.is_empty() {
@@ -261,22 +257,8 @@ async fn write_response(
                     "the answer's body is longer than its Content-Length",
                 ));
             }
-            Framing::Length(_) => {}
-            Framing::Chunked => {
-                write.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-            }
-        }
-        if data.len() <= COALESCE_BYTES {
-            write.extend_from_slice(&data);
-        } else {
-            socket.write_all(write).await?;
-            write.clear();
-            while data.has_remaining() {
-                socket.write_buf(&mut data).await?;
-            }
-        }
-        if framing == Framing::Chunked {
-            write.extend_from_slice(b"\r\n");
+            Framing::Length(_) => put(socket, write, &data).await?,
+            Framing::Chunked => put_chunk(socket, write, &data).await?,
         }
         if !body.is_end_stream() {
             // More to come, perhaps not soon: what is here goes now.

@@ -6,6 +6,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::UnixListener;
 
 use crate::config::ConnectionLimits;
+use crate::proxy::COALESCE_BYTES;
 
 /// A client that never leaves.
 impl ClientConn for Vec<u8> {

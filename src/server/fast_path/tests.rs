@@ -1,4 +1,5 @@
 use super::*;
+use crate::proxy::COALESCE_BYTES;
 
 use futures_util::stream;
 use http::Response as HttpResponse;

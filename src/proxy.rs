@@ -39,7 +39,8 @@ pub(crate) use client_socket::COALESCE_BYTES;
 pub(crate) use client_socket::{put, put_chunk, Activity, Client, ClientConn, ClientSocket};
 pub use error::{ProxyError, SharedError, UpstreamFailure};
 pub(crate) use headers::{
-    append_date, connection_tokens, declined, from_browser, strip_hop_by_hop,
+    connection_tokens, declined, from_browser, put_date_line, put_framing_line, put_header_line,
+    put_status_line, strip_hop_by_hop,
 };
 pub(crate) use idle::{is_send_timeout, WriteTimeout};
 use idle::{BodyTimeout, ClientBodyError};

@@ -39,7 +39,10 @@ use tokio_util::sync::CancellationToken;
 use super::body::ModuleFailed;
 use super::client_socket::{put, put_chunk, ClientConn};
 use super::error::{ProxyError, UpstreamFailure};
-use super::headers::{append_date, connection_tokens, is_hop_by_hop, strip_hop_by_hop};
+use super::headers::{
+    connection_tokens, is_hop_by_hop, put_date_line, put_framing_line, put_header_line,
+    put_status_line, strip_hop_by_hop,
+};
 use super::{Proxy, Routed};
 use crate::connection::{BareConn, Hold, ModulePool, PoolError};
 use crate::metrics::OpenGuard;
@@ -494,11 +497,7 @@ fn parse_answer(bytes: &[u8]) -> Result<Parsed, Failed> {
     }
     // The client's head.
     let mut head = Vec::with_capacity(len + 64);
-    head.extend_from_slice(b"HTTP/1.1 ");
-    head.extend_from_slice(status.as_str().as_bytes());
-    head.push(b' ');
-    head.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    head.extend_from_slice(b"\r\n");
+    put_status_line(&mut head, status);
     let named: Vec<&[u8]> = answer
         .headers
         .iter()
@@ -514,26 +513,15 @@ fn parse_answer(bytes: &[u8]) -> Result<Parsed, Failed> {
         {
             continue;
         }
-        head.extend_from_slice(line.name.as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(line.value);
-        head.extend_from_slice(b"\r\n");
+        put_header_line(&mut head, line.name.as_bytes(), line.value);
     }
     if !date {
-        head.extend_from_slice(b"date: ");
-        append_date(&mut head);
-        head.extend_from_slice(b"\r\n");
+        put_date_line(&mut head);
     }
     match framing {
         Framing::Empty => {}
-        Framing::Length(length) => {
-            head.extend_from_slice(b"content-length: ");
-            head.extend_from_slice(length.to_string().as_bytes());
-            head.extend_from_slice(b"\r\n");
-        }
-        Framing::Chunked | Framing::UntilClose => {
-            head.extend_from_slice(b"transfer-encoding: chunked\r\n");
-        }
+        Framing::Length(length) => put_framing_line(&mut head, Some(length)),
+        Framing::Chunked | Framing::UntilClose => put_framing_line(&mut head, None),
     }
     Ok(Parsed::Final(ReadAnswer {
         status,

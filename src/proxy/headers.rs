@@ -4,6 +4,7 @@
 //! read, and of a module's answer that declines a request.
 
 use http::header::{self, HeaderMap, HeaderName};
+use http::StatusCode;
 
 /// The hop-by-hop headers RFC 9110 §7.6.1 lists, with `Keep-Alive`,
 /// `Proxy-Connection` and the proxy authentication pair that RFC 9110
@@ -27,9 +28,42 @@ pub(crate) fn is_hop_by_hop(name: &str) -> bool {
         .any(|hop| hop.as_str().eq_ignore_ascii_case(name))
 }
 
-/// Appends the current time as an HTTP date (`Date`), formatted at most
-/// once a second per thread.
-pub(crate) fn append_date(out: &mut Vec<u8>) {
+// An answer's head as the proxy writes it to a client itself (the fast
+// path's answers, the bare exchange's relayed ones), line by line.
+
+/// Appends the status line of an HTTP/1.1 answer.
+pub(crate) fn put_status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends one header line.
+pub(crate) fn put_header_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the line that frames a body: its length when known, else
+/// chunked.
+pub(crate) fn put_framing_line(out: &mut Vec<u8>, length: Option<u64>) {
+    match length {
+        Some(length) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(length.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+}
+
+/// Appends a `date` line with the current time, formatted at most once a
+/// second per thread.
+pub(crate) fn put_date_line(out: &mut Vec<u8>) {
     use std::cell::RefCell;
     use std::time::SystemTime;
     thread_local! {
@@ -39,6 +73,7 @@ pub(crate) fn append_date(out: &mut Vec<u8>) {
     let second = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    out.extend_from_slice(b"date: ");
     CACHED.with_borrow_mut(|(at, date)| {
         if *at != second || date.is_empty() {
             *at = second;
@@ -46,11 +81,12 @@ pub(crate) fn append_date(out: &mut Vec<u8>) {
         }
         out.extend_from_slice(date.as_bytes());
     });
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Why a module declined a request, when its answer (`status`, `headers`)
 /// is a decline: 421 with [`DECLINE_HEADER`](ray_dashd_contract::names::DECLINE_HEADER).
-pub(crate) fn declined(status: http::StatusCode, headers: &HeaderMap) -> Option<String> {
+pub(crate) fn declined(status: StatusCode, headers: &HeaderMap) -> Option<String> {
     use ray_dashd_contract::names::{DECLINE_HEADER, DECLINE_STATUS};
     (status.as_u16() == DECLINE_STATUS)
         .then(|| headers.get(DECLINE_HEADER))

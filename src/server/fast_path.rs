@@ -41,8 +41,8 @@ use tracing::debug;
 use super::waiting::WAIT_AFTER;
 use super::Dispatch;
 use crate::proxy::{
-    append_date, connection_tokens, is_send_timeout, put, put_chunk, Answer, ClientConn,
-    ClientSocket,
+    connection_tokens, is_send_timeout, put, put_chunk, put_date_line, put_framing_line,
+    put_header_line, put_status_line, Answer, ClientConn, ClientSocket,
 };
 
 /// Most header lines in a request head: hyper's default, beyond which hyper
@@ -296,21 +296,12 @@ fn write_head(
             "an informational status ({status}) as a final answer"
         )));
     }
-    write.extend_from_slice(b"HTTP/1.1 ");
-    write.extend_from_slice(status.as_str().as_bytes());
-    write.push(b' ');
-    write.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    write.extend_from_slice(b"\r\n");
+    put_status_line(write, status);
     for (name, value) in headers {
-        write.extend_from_slice(name.as_str().as_bytes());
-        write.extend_from_slice(b": ");
-        write.extend_from_slice(value.as_bytes());
-        write.extend_from_slice(b"\r\n");
+        put_header_line(write, name.as_str().as_bytes(), value.as_bytes());
     }
     if !headers.contains_key(header::DATE) {
-        write.extend_from_slice(b"date: ");
-        append_date(write);
-        write.extend_from_slice(b"\r\n");
+        put_date_line(write);
     }
     let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         Framing::Empty
@@ -321,14 +312,9 @@ fn write_head(
             .and_then(|v| v.parse::<u64>().ok())
             .ok_or_else(|| io::Error::other("the answer's Content-Length is not a number"))?;
         Framing::Length(length)
-    } else if let Some(length) = exact {
-        write.extend_from_slice(b"content-length: ");
-        write.extend_from_slice(length.to_string().as_bytes());
-        write.extend_from_slice(b"\r\n");
-        Framing::Length(length)
     } else {
-        write.extend_from_slice(b"transfer-encoding: chunked\r\n");
-        Framing::Chunked
+        put_framing_line(write, exact);
+        exact.map_or(Framing::Chunked, Framing::Length)
     };
     if close {
         write.extend_from_slice(b"connection: close\r\n");

@@ -2,6 +2,7 @@
 //! answers the client with the module's own handshake response, then hands
 //! both sockets to the [`relay`].
 
+mod head;
 mod relay;
 
 use axum::body::Body;

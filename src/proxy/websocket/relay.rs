@@ -8,8 +8,10 @@
 //! # Theory of operation
 //!
 //! Each direction (client → module, module → client) is a [`Half`]: it
-//! reads from its source into a buffer, parses frame headers, and writes
-//! whole runs of bytes to its sink. Data frames and close frames are
+//! reads from its source, parses frame headers ([`Scan`]), and writes
+//! whole runs of bytes to its sink; with nothing waiting, from an array on
+//! the stack, so that only what the sink does not take at once is kept in
+//! a buffer. Data frames and close frames are
 //! forwarded unchanged (masked as they came: the client masks towards us as
 //! we must towards the module, and the module's frames are unmasked as they
 //! must be towards the client). Pings are answered by the relay itself, on
@@ -25,7 +27,6 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::io::Cursor;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -38,12 +39,13 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
+use super::head::Head;
 use crate::connection::ModuleStream;
 use crate::descriptors::ClientStream;
 use crate::proxy::idle::{is_send_timeout, WriteTimeout};
 use crate::proxy::ClientSocket;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Control, Data, OpCode};
-use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tracing::debug;
@@ -52,7 +54,7 @@ use tracing::debug;
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Read buffer per direction to begin with: while nothing waits in a
 /// half's buffer, a read of this size lands on the stack and only what
-/// came is kept ([`Half::poll_read_fresh`]). A read that fills it (a large
+/// the sink does not take is kept ([`Half::pass_fresh`]). A read that fills it (a large
 /// message streaming through) moves the half to a buffer that doubles, up
 /// to [`MAX_READ_BUFFER`], each time a read fills it; its bytes start again
 /// at its front whenever it is empty, and it is let go while the source
@@ -287,7 +289,7 @@ impl Future for Relay {
         if up.is_done() && down.is_done() {
             return Poll::Ready(());
         }
-        if this.deadline.is_none() && (up.closing || down.closing) {
+        if this.deadline.is_none() && (up.scan.closing || down.scan.closing) {
             this.deadline = Some(Box::pin(tokio::time::sleep(CLOSE_TIMEOUT)));
         }
         if let Some(deadline) = &mut this.deadline {
@@ -319,6 +321,18 @@ struct Half {
     pass: usize,
     /// What the read buffer is sized to now (see [`READ_BUFFER`]).
     size: usize,
+    scan: Scan,
+    /// Frames the relay made for `sink` (pongs, closes), encoded, written
+    /// at frame boundaries.
+    queue: VecDeque<Vec<u8>>,
+    /// How much of the first queued frame is written, once it is begun.
+    sending: Option<u32>,
+    state: State,
+}
+
+/// Where the parser is in a source's frames, and what it has seen.
+#[derive(Debug)]
+struct Scan {
     position: Position,
     /// Length of the data message in progress, across its fragments.
     message: u64,
@@ -328,12 +342,109 @@ struct Half {
     /// A close crossed or was made, or this half stopped: the relay's
     /// closing deadline runs.
     closing: bool,
-    /// Frames the relay made for `sink` (pongs, closes), encoded, written
-    /// at frame boundaries.
-    queue: VecDeque<Vec<u8>>,
-    /// How much of the first queued frame is written, once it is begun.
-    sending: Option<u32>,
-    state: State,
+}
+
+impl Scan {
+    /// Checks the frames in `bytes` from `*pass` on and moves `*pass` past
+    /// every byte to be forwarded: data and close frames, whole or begun.
+    /// Stops where it needs more bytes, at a ping or a pong, and at what
+    /// follows a close (each left to [`Half::parse`]); a header that breaks
+    /// a rule or the size limit stops it with an error, `*pass` at the
+    /// frame before.
+    fn run(
+        &mut self,
+        from: Peer,
+        bytes: &[u8],
+        pass: &mut usize,
+        max_message: usize,
+    ) -> Result<(), Stop> {
+        loop {
+            match self.position {
+                Position::Payload { left, forward } => {
+                    let available = bytes.len() - *pass;
+                    if available == 0 || !forward {
+                        return Ok(());
+                    }
+                    let here = available.min(usize::try_from(left).unwrap_or(usize::MAX));
+                    *pass += here;
+                    let left = left - here as u64;
+                    self.position = if left > 0 {
+                        Position::Payload { left, forward }
+                    } else {
+                        Position::Boundary
+                    };
+                }
+                Position::Boundary => {
+                    let Some(header) = Head::parse(&bytes[*pass..]) else {
+                        return Ok(());
+                    };
+                    check(from, &header)?;
+                    if self.closed
+                        || matches!(
+                            header.opcode,
+                            OpCode::Control(Control::Ping | Control::Pong)
+                        )
+                    {
+                        return Ok(());
+                    }
+                    self.count(&header, max_message)?;
+                    *pass += header.size;
+                    if header.opcode == OpCode::Control(Control::Close) {
+                        self.closed = true;
+                        self.closing = true;
+                    }
+                    if header.length > 0 {
+                        self.position = Position::Payload {
+                            left: header.length,
+                            forward: true,
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds a data frame to the message it belongs to, which must stay
+    /// within `max_message` bytes.
+    fn count(&mut self, header: &Head, max_message: usize) -> Result<(), Stop> {
+        let message = match header.opcode {
+            OpCode::Data(Data::Continue) => self.message + header.length,
+            OpCode::Data(_) => header.length,
+            OpCode::Control(_) => return Ok(()),
+        };
+        if message > max_message as u64 {
+            return Err(Stop::Refuse(
+                CloseCode::Size,
+                format!("message over the limit of {max_message} bytes"),
+            ));
+        }
+        self.message = message;
+        Ok(())
+    }
+}
+
+/// The checks RFC 6455 §5 asks of every frame header from `from`.
+fn check(from: Peer, header: &Head) -> Result<(), Stop> {
+    let refuse = |why: &str| Err(Stop::Refuse(CloseCode::Protocol, why.to_owned()));
+    if header.reserved != 0 {
+        return refuse("reserved bits set without an extension");
+    }
+    match (from, header.mask.is_some()) {
+        (Peer::Client, false) => return refuse("client frames must be masked"),
+        (Peer::Module, true) => return refuse("module frames must not be masked"),
+        _ => {}
+    }
+    if let OpCode::Control(control) = header.opcode {
+        if matches!(control, Control::Reserved(_)) {
+            return refuse("reserved opcode");
+        }
+        if header.length > 125 || !header.fin {
+            return refuse("control frames must be whole and at most 125 bytes");
+        }
+    } else if let OpCode::Data(Data::Reserved(_)) = header.opcode {
+        return refuse("reserved opcode");
+    }
+    Ok(())
 }
 
 /// Where a half is in its life.
@@ -382,10 +493,12 @@ impl Half {
             buf: BytesMut::from(&early[..]),
             pass: 0,
             size: READ_BUFFER,
-            position: Position::Boundary,
-            message: 0,
-            closed: false,
-            closing: false,
+            scan: Scan {
+                position: Position::Boundary,
+                message: 0,
+                closed: false,
+                closing: false,
+            },
             queue: VecDeque::new(),
             sending: None,
             state: State::Running,
@@ -437,19 +550,28 @@ impl Half {
             if let Err(e) = ready!(self.poll_write_pending(cx, ends.sink)) {
                 return Poll::Ready(Stop::Io(e));
             }
-            if matches!(self.position, Position::Boundary) && !self.queue.is_empty() {
+            if matches!(self.scan.position, Position::Boundary) && !self.queue.is_empty() {
                 // Nothing may follow a close (RFC 6455 §5.5.1).
-                if self.closed {
+                if self.scan.closed {
                     self.queue.clear();
                 } else {
                     self.begin_sending();
                 }
                 continue;
             }
-            if let Err(stop) = self.parse(ends.reply, max_message) {
-                return Poll::Ready(stop);
+            // Only bytes past the checked ones can be parsed.
+            if self.buf.len() > self.pass {
+                if let Err(stop) = self.parse(ends.reply, max_message) {
+                    return Poll::Ready(stop);
+                }
             }
             if self.pass > 0 {
+                continue;
+            }
+            if self.buf.is_empty() && self.size == READ_BUFFER {
+                if let Err(stop) = ready!(self.pass_fresh(cx, ends, max_message)) {
+                    return Poll::Ready(stop);
+                }
                 continue;
             }
             match ready!(self.poll_read(cx, ends.source)) {
@@ -460,17 +582,14 @@ impl Half {
         }
     }
 
-    /// Reads what the source has. While it has nothing, an empty buffer is
-    /// let go; with nothing waiting, the read lands on the stack first and
-    /// only what came is kept ([`Half::poll_read_fresh`]).
+    /// Reads what the source has into the buffer once it holds bytes or
+    /// has grown ([`Half::pass_fresh`] reads otherwise). While the source
+    /// has nothing, an empty buffer is let go.
     fn poll_read(
         &mut self,
         cx: &mut Context<'_>,
         source: &mut dyn Io,
     ) -> Poll<std::io::Result<usize>> {
-        if self.buf.is_empty() && self.size == READ_BUFFER {
-            return self.poll_read_fresh(cx, source);
-        }
         if self.buf.is_empty() && self.buf.capacity() < self.size {
             // Back to the front: no copy, no allocation.
             let _ = self.buf.try_reclaim(self.size);
@@ -496,39 +615,64 @@ impl Half {
     }
 
     /// Reads into a buffer on the stack when nothing waits in `buf` and it
-    /// has not grown: a small message (the usual one) then costs one
-    /// allocation of its own size, and a source with nothing to read none.
-    /// Allocating the whole read buffer for every poll, and letting it go
-    /// when the poll found nothing, took two trips through the allocator's
-    /// slow path per frame and the other half's (see docs/benchmarks.md,
-    /// session 25).
-    fn poll_read_fresh(
+    /// has not grown, and writes the frames' bytes that pass ([`Scan::run`])
+    /// to the sink from there: a small message (the usual one) then costs
+    /// no allocation and no copy, and only what the sink did not take, or
+    /// what must be handled in place (a ping, bytes after a close), is kept
+    /// in `buf`. A read that fills the array moves the half to a buffer
+    /// that grows (see [`Half::poll_read`]). Allocating the whole read
+    /// buffer for every poll, and letting it go when the poll found
+    /// nothing, took two trips through the allocator's slow path per frame
+    /// and the other half's (docs/benchmarks.md, session 25); a block of
+    /// each frame's size still took one (session 31).
+    fn pass_fresh(
         &mut self,
         cx: &mut Context<'_>,
-        source: &mut dyn Io,
-    ) -> Poll<std::io::Result<usize>> {
+        ends: &mut Ends<'_>,
+        max_message: usize,
+    ) -> Poll<Result<(), Stop>> {
         let mut stack = [MaybeUninit::<u8>::uninit(); READ_BUFFER];
         let mut read = ReadBuf::uninit(&mut stack);
-        match Pin::new(source).poll_read(cx, &mut read) {
+        match Pin::new(&mut *ends.source).poll_read(cx, &mut read) {
             Poll::Pending => {
                 self.buf = BytesMut::new();
-                Poll::Pending
+                return Poll::Pending;
             }
-            Poll::Ready(Ok(())) => {
-                let filled = read.filled();
-                if filled.len() == READ_BUFFER {
-                    // The read took all the room there was: more is coming,
-                    // into a buffer that grows (see `poll_read`).
-                    self.size *= 2;
-                    self.buf = BytesMut::with_capacity(self.size);
-                } else {
-                    self.buf = BytesMut::with_capacity(filled.len());
-                }
-                self.buf.extend_from_slice(filled);
-                Poll::Ready(Ok(filled.len()))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(Stop::Io(e))),
+            Poll::Ready(Ok(())) => {}
         }
+        let filled = read.filled();
+        if filled.is_empty() {
+            return Poll::Ready(Err(Stop::Eof));
+        }
+        if filled.len() == READ_BUFFER {
+            // The read took all the room there was: more is coming, into a
+            // buffer that grows.
+            self.size *= 2;
+            self.buf = BytesMut::with_capacity(self.size);
+            self.buf.extend_from_slice(filled);
+            return Poll::Ready(Ok(()));
+        }
+        let mut pass = 0;
+        let checked = self.scan.run(self.from, filled, &mut pass, max_message);
+        let mut written = 0;
+        if checked.is_ok() && pass > 0 {
+            match Pin::new(&mut *ends.sink).poll_write(cx, &filled[..pass]) {
+                Poll::Ready(Ok(0)) => {
+                    let zero = std::io::Error::from(std::io::ErrorKind::WriteZero);
+                    return Poll::Ready(Err(Stop::Io(zero)));
+                }
+                Poll::Ready(Ok(n)) => written = n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Stop::Io(e))),
+                // Kept below; written once the sink has room.
+                Poll::Pending => {}
+            }
+        }
+        // What the sink did not take (checked, to be written first) and
+        // what `run` left for `parse`.
+        self.buf.extend_from_slice(&filled[written..]);
+        self.pass = pass - written;
+        Poll::Ready(checked)
     }
 
     /// Writes what waits for the sink: the frame the relay made that is
@@ -572,58 +716,72 @@ impl Half {
             .front()
             .is_some_and(|frame| frame[0] & 0x0f == u8::from(OpCode::Control(Control::Close)));
         if is_close {
-            self.closed = true;
-            self.closing = true;
+            self.scan.closed = true;
+            self.scan.closing = true;
         }
         self.sending = Some(0);
     }
 
     /// Parses the buffer past its checked bytes: data and close frames are
-    /// checked and added to `pass`; a ping is answered (its pong queued on
-    /// `reply`) and dropped, as a pong is. Returns when it needs more bytes,
-    /// or when bytes are to be dropped while checked ones still wait to be
-    /// written (the caller writes them and parses again); nothing is
-    /// changed for a frame it returns at.
+    /// checked and added to `pass` ([`Scan::run`]); at the front of the
+    /// buffer, a ping is answered (its pong queued on `reply`) and dropped,
+    /// as a pong is, and so is whatever follows a close. Returns when it
+    /// needs more bytes, or when bytes are to be dropped while checked ones
+    /// still wait to be written (the caller writes them and parses again);
+    /// nothing is changed for a frame it returns at.
     fn parse(&mut self, reply: &mut VecDeque<Vec<u8>>, max_message: usize) -> Result<(), Stop> {
         loop {
-            match self.position {
-                Position::Payload { left, forward } => {
-                    let available = self.buf.len() - self.pass;
-                    if available == 0 || (!forward && self.pass > 0) {
+            let checked = self
+                .scan
+                .run(self.from, &self.buf, &mut self.pass, max_message);
+            checked?;
+            if self.pass > 0 {
+                return Ok(());
+            }
+            match self.scan.position {
+                // All that came is passed; more is to come.
+                Position::Payload { forward: true, .. } => return Ok(()),
+                // After a close: dropped.
+                Position::Payload {
+                    left,
+                    forward: false,
+                } => {
+                    if self.buf.is_empty() {
                         return Ok(());
                     }
-                    let here = available.min(usize::try_from(left).unwrap_or(usize::MAX));
-                    if forward {
-                        self.pass += here;
-                    } else {
-                        self.buf.advance(here);
-                    }
+                    let here = self
+                        .buf
+                        .len()
+                        .min(usize::try_from(left).unwrap_or(usize::MAX));
+                    self.buf.advance(here);
                     let left = left - here as u64;
-                    self.position = if left > 0 {
-                        Position::Payload { left, forward }
+                    self.scan.position = if left > 0 {
+                        Position::Payload {
+                            left,
+                            forward: false,
+                        }
                     } else {
                         Position::Boundary
                     };
                 }
                 Position::Boundary => {
-                    let mut cursor = Cursor::new(&self.buf[self.pass..]);
-                    let parsed = FrameHeader::parse(&mut cursor).map_err(|e| {
-                        Stop::Refuse(CloseCode::Protocol, format!("bad frame: {e}"))
-                    })?;
-                    let Some((header, length)) = parsed else {
+                    // `run` stopped at a whole header it checked: a ping or
+                    // a pong, or a frame after the close.
+                    let Some(header) = Head::parse(&self.buf) else {
                         return Ok(());
                     };
-                    let header_len = cursor.position() as usize;
-                    self.check(&header, length)?;
                     if let OpCode::Control(control @ (Control::Ping | Control::Pong)) =
                         header.opcode
                     {
-                        let total = header_len + length as usize;
-                        if self.pass > 0 || self.buf.len() < total {
+                        let total = header.size + header.length as usize;
+                        if self.buf.len() < total {
                             return Ok(());
                         }
-                        if control == Control::Ping && !self.closed && reply.len() < QUEUED_FRAMES {
-                            let mut payload = self.buf[header_len..total].to_vec();
+                        if control == Control::Ping
+                            && !self.scan.closed
+                            && reply.len() < QUEUED_FRAMES
+                        {
+                            let mut payload = self.buf[header.size..total].to_vec();
                             if let Some(mask) = header.mask {
                                 for (i, byte) in payload.iter_mut().enumerate() {
                                     *byte ^= mask[i & 3];
@@ -634,65 +792,19 @@ impl Half {
                         self.buf.advance(total);
                         continue;
                     }
-                    // Nothing may follow a close (RFC 6455 §5.5.1): drop it.
-                    let forward = !self.closed;
-                    if !forward && self.pass > 0 {
-                        return Ok(());
-                    }
-                    let message = match header.opcode {
-                        OpCode::Data(Data::Continue) => self.message + length,
-                        OpCode::Data(_) => length,
-                        OpCode::Control(_) => self.message,
-                    };
-                    if matches!(header.opcode, OpCode::Data(_)) && message > max_message as u64 {
-                        return Err(Stop::Refuse(
-                            CloseCode::Size,
-                            format!("message over the limit of {max_message} bytes"),
-                        ));
-                    }
-                    self.message = message;
-                    if forward {
-                        self.pass += header_len;
-                    } else {
-                        self.buf.advance(header_len);
-                    }
-                    if header.opcode == OpCode::Control(Control::Close) {
-                        self.closed = true;
-                        self.closing = true;
-                    }
-                    if length > 0 {
-                        self.position = Position::Payload {
-                            left: length,
-                            forward,
+                    // Nothing may follow a close (RFC 6455 §5.5.1), but it
+                    // still keeps to the size limit.
+                    self.scan.count(&header, max_message)?;
+                    self.buf.advance(header.size);
+                    if header.length > 0 {
+                        self.scan.position = Position::Payload {
+                            left: header.length,
+                            forward: false,
                         };
                     }
                 }
             }
         }
-    }
-
-    /// The checks RFC 6455 §5 asks of every frame header.
-    fn check(&self, header: &FrameHeader, length: u64) -> Result<(), Stop> {
-        let refuse = |why: &str| Err(Stop::Refuse(CloseCode::Protocol, why.to_owned()));
-        if header.rsv1 || header.rsv2 || header.rsv3 {
-            return refuse("reserved bits set without an extension");
-        }
-        match (self.from, header.mask.is_some()) {
-            (Peer::Client, false) => return refuse("client frames must be masked"),
-            (Peer::Module, true) => return refuse("module frames must not be masked"),
-            _ => {}
-        }
-        if let OpCode::Control(control) = header.opcode {
-            if matches!(control, Control::Reserved(_)) {
-                return refuse("reserved opcode");
-            }
-            if length > 125 || !header.is_final {
-                return refuse("control frames must be whole and at most 125 bytes");
-            }
-        } else if let OpCode::Data(Data::Reserved(_)) = header.opcode {
-            return refuse("reserved opcode");
-        }
-        Ok(())
     }
 
     /// Stops forwarding for `stop`: queues a close for the source's peer on
@@ -701,7 +813,7 @@ impl Half {
     fn stop(&mut self, stop: Stop, reply: &mut VecDeque<Vec<u8>>, name: &str) {
         let (to_sink, to_source) = match &stop {
             // A clean end: the close already crossed, or the peer just left.
-            Stop::Eof if self.closed => (None, None),
+            Stop::Eof if self.scan.closed => (None, None),
             // The client took nothing for the send timeout: it hears
             // nothing more; the module is told the client is gone.
             Stop::Io(e) if is_send_timeout(e) => (
@@ -756,7 +868,7 @@ impl Half {
             self.queue
                 .push_back(Made::Close(code, reason).encode(self.to()));
         }
-        self.closing = true;
+        self.scan.closing = true;
         self.state = State::Finishing;
     }
 
@@ -768,8 +880,8 @@ impl Half {
                 Err(_) => self.state = State::ShuttingDown,
                 // Between frames, and no close sent yet: the next queued.
                 Ok(()) => {
-                    if matches!(self.position, Position::Boundary)
-                        && !self.closed
+                    if matches!(self.scan.position, Position::Boundary)
+                        && !self.scan.closed
                         && !self.queue.is_empty()
                     {
                         self.begin_sending();
@@ -790,7 +902,9 @@ impl Half {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Cursor;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
 
     const LIMIT: usize = 1000;
 
@@ -871,8 +985,17 @@ mod tests {
 
     /// [`unstarted`] with messages of up to `limit` bytes.
     fn unstarted_with(limit: usize) -> (Relay, DuplexStream, DuplexStream, CancellationToken) {
+        unstarted_sized(limit, 64 * 1024)
+    }
+
+    /// [`unstarted_with`], the module's pipe holding at most `room` bytes
+    /// at a time.
+    fn unstarted_sized(
+        limit: usize,
+        room: usize,
+    ) -> (Relay, DuplexStream, DuplexStream, CancellationToken) {
         let (client_near, client) = tokio::io::duplex(64 * 1024);
-        let (module_near, module) = tokio::io::duplex(64 * 1024);
+        let (module_near, module) = tokio::io::duplex(room);
         let failed = CancellationToken::new();
         let relay = relay(
             Socket::new(client_near, Bytes::new()),
@@ -947,6 +1070,43 @@ mod tests {
         ends.relay.abort();
     }
 
+    /// Frames that come in one read but that the module's socket takes a
+    /// few bytes at a time: each crosses whole and in order, the ping
+    /// between them is answered, and nothing is lost of what waited.
+    #[tokio::test]
+    async fn a_read_the_sink_takes_in_pieces_crosses_whole_and_in_order() {
+        let (relay, mut client, mut module, _failed) = unstarted_sized(LIMIT, 7);
+        let relay = tokio::spawn(relay);
+        let mut bytes = text("first");
+        bytes.extend(frame(OpCode::Control(Control::Ping), true, b"p", true));
+        bytes.extend(frame(OpCode::Data(Data::Binary), false, &[7; 300], true));
+        bytes.extend(frame(OpCode::Data(Data::Continue), true, &[8; 5], true));
+        bytes.extend(text("last"));
+        client.write_all(&bytes).await.expect("write");
+        let mut at_module = Vec::new();
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let (header, payload) = next_frame(&mut module, &mut at_module).await;
+            got.push((header.opcode, payload));
+        }
+        assert_eq!(
+            got,
+            [
+                (OpCode::Data(Data::Text), b"first".to_vec()),
+                (OpCode::Data(Data::Binary), vec![7; 300]),
+                (OpCode::Data(Data::Continue), vec![8; 5]),
+                (OpCode::Data(Data::Text), b"last".to_vec()),
+            ]
+        );
+        let (header, payload) = next_frame(&mut client, &mut Vec::new()).await;
+        assert_eq!(
+            (header.opcode, &payload[..]),
+            (OpCode::Control(Control::Pong), &b"p"[..])
+        );
+        assert!(at_module.is_empty(), "nothing more: {at_module:?}");
+        relay.abort();
+    }
+
     #[tokio::test]
     async fn frames_before_a_bad_one_arrive_then_both_peers_get_1002() {
         let mut ends = start();
@@ -964,6 +1124,45 @@ mod tests {
         assert_eq!(close_code(&payload), 1002);
         assert!(String::from_utf8_lossy(&payload).contains("client frames must be masked"));
         ends.relay.abort();
+    }
+
+    /// Each rule of RFC 6455 §5 the header check enforces, broken by a
+    /// client frame: the client hears 1002 and which rule.
+    #[tokio::test]
+    async fn each_broken_header_rule_is_refused_with_1002_and_named() {
+        let mut reserved_bit = text("x");
+        reserved_bit[0] |= 0x40;
+        let cases = [
+            (reserved_bit, "reserved bits set"),
+            (
+                frame(OpCode::Data(Data::Reserved(3)), true, b"x", true),
+                "reserved opcode",
+            ),
+            (
+                frame(OpCode::Control(Control::Reserved(11)), true, b"", true),
+                "reserved opcode",
+            ),
+            (
+                frame(OpCode::Control(Control::Ping), true, &[7; 126], true),
+                "control frames must be whole",
+            ),
+            (
+                frame(OpCode::Control(Control::Ping), false, b"x", true),
+                "control frames must be whole",
+            ),
+        ];
+        for (bytes, why) in cases {
+            let mut ends = start();
+            ends.client.write_all(&bytes).await.expect("write");
+            let (header, payload) = next_frame(&mut ends.client, &mut Vec::new()).await;
+            assert_eq!(header.opcode, OpCode::Control(Control::Close), "{why}");
+            assert_eq!(close_code(&payload), 1002, "{why}");
+            assert!(
+                String::from_utf8_lossy(&payload).contains(why),
+                "{why}: {payload:?}"
+            );
+            ends.relay.abort();
+        }
     }
 
     #[tokio::test]

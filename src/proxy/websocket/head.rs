@@ -2,13 +2,13 @@
 //! (RFC 6455 §5.2). The relay reads the header of every frame it forwards;
 //! tungstenite's `FrameHeader::parse` reads through `std::io::Read` on a
 //! `Cursor`, one copy per field and its large error type moved back out,
-//! which was a fifth of the relay's own instructions per echo (see
+//! about a sixth of the relay's own instructions per echo (see
 //! docs/benchmarks.md, session 31).
 
 use tokio_tungstenite::tungstenite::protocol::frame::coding::OpCode;
 
-/// What a frame's header says; nothing in it is checked yet (the relay's
-/// `Half::check` does that).
+/// What a frame's header says; nothing in it is checked yet (the relay
+/// checks it against RFC 6455 §5 before it passes the frame).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Head {
     /// FIN: the last frame of its message.

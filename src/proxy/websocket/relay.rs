@@ -408,7 +408,7 @@ impl Scan {
     /// within `max_message` bytes.
     fn count(&mut self, header: &Head, max_message: usize) -> Result<(), Stop> {
         let message = match header.opcode {
-            OpCode::Data(Data::Continue) => self.message + header.length,
+            OpCode::Data(Data::Continue) => self.message.saturating_add(header.length),
             OpCode::Data(_) => header.length,
             OpCode::Control(_) => return Ok(()),
         };
@@ -1189,6 +1189,22 @@ mod tests {
             (OpCode::Control(Control::Close), 1009)
         );
         let (_, payload) = next_frame(&mut ends.client, &mut at_client).await;
+        assert_eq!(close_code(&payload), 1009);
+        ends.relay.abort();
+    }
+
+    /// A continuation whose length, added to the message so far, would
+    /// pass 2^64 is over the limit too (it would wrap to a small count).
+    #[tokio::test]
+    async fn a_fragment_length_near_two_to_the_64_closes_with_1009() {
+        let mut ends = start();
+        let mut bytes = frame(OpCode::Data(Data::Binary), false, &[1; 10], true);
+        // FIN, continuation; masked, 64-bit length; the mask; no payload.
+        bytes.extend([0x80, 0x80 | 127]);
+        bytes.extend((u64::MAX - 5).to_be_bytes());
+        bytes.extend([1, 2, 3, 4]);
+        ends.client.write_all(&bytes).await.expect("write");
+        let (_, payload) = next_frame(&mut ends.client, &mut Vec::new()).await;
         assert_eq!(close_code(&payload), 1009);
         ends.relay.abort();
     }

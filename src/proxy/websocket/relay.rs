@@ -54,12 +54,12 @@ use tracing::debug;
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Read buffer per direction to begin with: while nothing waits in a
 /// half's buffer, a read of this size lands on the stack and only what
-/// the sink does not take is kept ([`Half::pass_fresh`]). A read that fills it (a large
-/// message streaming through) moves the half to a buffer that doubles, up
-/// to [`MAX_READ_BUFFER`], each time a read fills it; its bytes start again
-/// at its front whenever it is empty, and it is let go while the source
-/// has nothing to read ([`Half::poll_read`]): an idle websocket holds no
-/// buffer, and a busy one only the front of one.
+/// the sink does not take is kept ([`Half::pass_fresh`]). A read that
+/// fills it (a large message streaming through) moves the half to a
+/// buffer that doubles, up to [`MAX_READ_BUFFER`], each time a read fills
+/// it; its bytes start again at its front whenever it is empty, and it is
+/// let go while the source has nothing to read ([`Half::poll_read`]): an
+/// idle websocket holds no buffer, and a busy one only the front of one.
 const READ_BUFFER: usize = 4 * 1024;
 /// The most the read buffer grows to; a frame larger than this streams
 /// through.
@@ -360,19 +360,12 @@ impl Scan {
     ) -> Result<(), Stop> {
         loop {
             match self.position {
-                Position::Payload { left, forward } => {
+                Position::Payload { forward, .. } => {
                     let available = bytes.len() - *pass;
                     if available == 0 || !forward {
                         return Ok(());
                     }
-                    let here = available.min(usize::try_from(left).unwrap_or(usize::MAX));
-                    *pass += here;
-                    let left = left - here as u64;
-                    self.position = if left > 0 {
-                        Position::Payload { left, forward }
-                    } else {
-                        Position::Boundary
-                    };
+                    *pass += self.take(available);
                 }
                 Position::Boundary => {
                     let Some(header) = Head::parse(&bytes[*pass..]) else {
@@ -402,6 +395,22 @@ impl Scan {
                 }
             }
         }
+    }
+
+    /// Takes up to `available` bytes of the payload in progress: how many
+    /// it took; at its end the parser is at a frame boundary again.
+    fn take(&mut self, available: usize) -> usize {
+        let Position::Payload { left, forward } = self.position else {
+            return 0;
+        };
+        let here = available.min(usize::try_from(left).unwrap_or(usize::MAX));
+        let left = left - here as u64;
+        self.position = if left > 0 {
+            Position::Payload { left, forward }
+        } else {
+            Position::Boundary
+        };
+        here
     }
 
     /// Adds a data frame to the message it belongs to, which must stay
@@ -731,10 +740,8 @@ impl Half {
     /// nothing is changed for a frame it returns at.
     fn parse(&mut self, reply: &mut VecDeque<Vec<u8>>, max_message: usize) -> Result<(), Stop> {
         loop {
-            let checked = self
-                .scan
-                .run(self.from, &self.buf, &mut self.pass, max_message);
-            checked?;
+            self.scan
+                .run(self.from, &self.buf, &mut self.pass, max_message)?;
             if self.pass > 0 {
                 return Ok(());
             }
@@ -742,27 +749,12 @@ impl Half {
                 // All that came is passed; more is to come.
                 Position::Payload { forward: true, .. } => return Ok(()),
                 // After a close: dropped.
-                Position::Payload {
-                    left,
-                    forward: false,
-                } => {
+                Position::Payload { forward: false, .. } => {
                     if self.buf.is_empty() {
                         return Ok(());
                     }
-                    let here = self
-                        .buf
-                        .len()
-                        .min(usize::try_from(left).unwrap_or(usize::MAX));
+                    let here = self.scan.take(self.buf.len());
                     self.buf.advance(here);
-                    let left = left - here as u64;
-                    self.scan.position = if left > 0 {
-                        Position::Payload {
-                            left,
-                            forward: false,
-                        }
-                    } else {
-                        Position::Boundary
-                    };
                 }
                 Position::Boundary => {
                     // `run` stopped at a whole header it checked: a ping or

@@ -97,6 +97,8 @@ async function startDashd(takenPort) {
       if (match) { clearTimeout(timer); resolve(match[1]); }
     });
     child.on("exit", (code) => reject(new Error(`ray-dashd exited with ${code}`)));
+    // A binary that cannot be run (not built, say) is named, not timed out.
+    child.on("error", (error) => reject(new Error(`ray-dashd did not start: ${error.message}`)));
   });
   lines.on("line", () => {}); // keep draining stderr
   return { child, addr };

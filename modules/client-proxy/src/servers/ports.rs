@@ -171,10 +171,22 @@ mod tests {
     use super::*;
 
     use std::collections::HashSet;
+    use std::sync::PoisonError;
     use std::time::Duration;
+
+    /// Held by each test here that binds ports: between a take and the
+    /// test's own bind of that port, another test's bind (of port 0, or a
+    /// probe of the same free port above the ephemeral range) could hold
+    /// it. CI saw it once.
+    static PORT_BINDERS: Mutex<()> = Mutex::new(());
+
+    fn alone() -> std::sync::MutexGuard<'static, ()> {
+        PORT_BINDERS.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 
     #[test]
     fn pool_goes_round_and_skips_taken_ports() {
+        let _alone = alone();
         // A port above the kernel's ephemeral range (32768–60999), so that
         // no outgoing connection takes it once it is let go.
         let holder = (61_500..65_500)
@@ -208,6 +220,7 @@ mod tests {
 
     #[test]
     fn pool_hands_out_ports_from_the_top_down() {
+        let _alone = alone();
         let first = (61_500..65_000)
             .find(|&port| (port..port + 3).all(bindable))
             .expect("three free ports above the ephemeral range");
@@ -223,8 +236,12 @@ mod tests {
     /// twice while in use.
     #[test]
     fn auto_ports_are_bindable_and_not_handed_out_twice() {
-        let pool = PortPool::auto();
-        assert_eq!(pool.source(), "auto");
+        let _alone = alone();
+        assert_eq!(PortPool::auto().source(), "auto");
+        // An address of loopback no other test of this crate binds: their
+        // listeners and connections on 127.0.0.1 cannot take its ports.
+        let host = Ipv4Addr::new(127, 0, 77, 1);
+        let pool = PortPool::auto_on(IpAddr::V4(host));
         let mut seen = HashSet::new();
         for _ in 0..100 {
             let port = pool.take().expect("a port from the kernel");
@@ -232,7 +249,7 @@ mod tests {
             assert!(seen.insert(port), "port {port} handed out twice");
             // Held only for the check: the kernel could name it again, and
             // the pool must then ask once more.
-            let bound = TcpListener::bind((Ipv4Addr::LOCALHOST, port));
+            let bound = TcpListener::bind((host, port));
             assert!(bound.is_ok(), "port {port} is not bindable: {bound:?}");
         }
         assert_eq!(pool.in_use(), 100);
@@ -247,6 +264,7 @@ mod tests {
     /// servers, Ray's and ours, listen).
     #[test]
     fn auto_never_hands_out_a_held_port() {
+        let _alone = alone();
         let mut held = HashSet::new();
         let mut holders = Vec::new();
         for i in 0..150 {

@@ -37,7 +37,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::body::ModuleFailed;
-use super::client_socket::{put, put_chunk, ClientConn};
+use super::client_socket::{put, put_chunk, put_chunk_of, ClientConn, MAX_CHUNK_PIECES};
 use super::error::{ProxyError, UpstreamFailure};
 use super::headers::{
     connection_tokens, is_hop_by_hop, put_date_line, put_framing_line, put_header_line,
@@ -634,52 +634,7 @@ async fn relay_body(
                 break;
             }
         },
-        Framing::Chunked => loop {
-            let size = loop {
-                match httparse::parse_chunk_size(&read.buf[read.start..]) {
-                    Ok(httparse::Status::Complete((used, size))) => {
-                        read.start += used;
-                        break size;
-                    }
-                    Ok(httparse::Status::Partial)
-                        if read.buf.len() - read.start < MAX_CHUNK_META_BYTES =>
-                    {
-                        fill(conn, read, client, write, "in a chunk's size").await?;
-                    }
-                    _ => return Err(io::Error::other("the module's chunked body is malformed")),
-                }
-            };
-            if size == 0 {
-                // The trailers, dropped, up to the blank line.
-                loop {
-                    let rest = &read.buf[read.start..];
-                    if rest.starts_with(b"\r\n") {
-                        read.start += 2;
-                        break;
-                    }
-                    if let Some(end) = rest.windows(4).position(|w| w == b"\r\n\r\n") {
-                        read.start += end + 4;
-                        break;
-                    }
-                    if rest.len() >= MAX_CHUNK_META_BYTES {
-                        return Err(io::Error::other("the module's trailers are too long"));
-                    }
-                    fill(conn, read, client, write, "in its trailers").await?;
-                }
-                write.extend_from_slice(b"0\r\n\r\n");
-                break;
-            }
-            write.extend_from_slice(format!("{size:x}\r\n").as_bytes());
-            bytes += pass(conn, read, client, write, size, "in a chunk").await?;
-            while read.buf.len() - read.start < 2 {
-                fill(conn, read, client, write, "after a chunk").await?;
-            }
-            if &read.buf[read.start..read.start + 2] != b"\r\n" {
-                return Err(io::Error::other("the module's chunked body is malformed"));
-            }
-            read.start += 2;
-            write.extend_from_slice(b"\r\n");
-        },
+        Framing::Chunked => bytes = relay_chunked(conn, read, client, write).await?,
     }
     client.write_all(write).await?;
     write.clear();
@@ -687,6 +642,131 @@ async fn relay_body(
         bytes,
         clean: read.framing != Framing::UntilClose,
     })
+}
+
+/// Where the walk through a chunked body stands between reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkAt {
+    /// At a chunk's size line.
+    Size,
+    /// In a chunk's data, this many bytes of it still to come.
+    Data(u64),
+    /// At the line's end after a chunk's data.
+    End,
+}
+
+impl ChunkAt {
+    /// Where the module's close would cut the body, for its error.
+    fn place(self) -> &'static str {
+        match self {
+            ChunkAt::Size => "in a chunk's size",
+            ChunkAt::Data(_) => "in a chunk",
+            ChunkAt::End => "after a chunk",
+        }
+    }
+}
+
+/// How a walk through what one read brought ended.
+enum Walked {
+    /// Everything here is walked; more must be read.
+    NeedMore,
+    /// [`MAX_CHUNK_PIECES`] pieces gathered; more is here.
+    Full,
+    /// At the last chunk (size 0), its size line walked.
+    Last,
+}
+
+/// Relays a chunked body: the data of whatever chunks (or parts of
+/// chunks) a read brought goes on as one chunk, in one write with its
+/// size line and line's end (a proxy may chunk a body anew: the module's
+/// 64 KiB chunks read 256 KiB at a time leave in 256 KiB chunks). Chunk
+/// extensions and trailers are dropped. Returns the data's length.
+async fn relay_chunked(
+    conn: &mut BareConn,
+    read: &mut ReadAnswer,
+    client: &mut impl ClientConn,
+    write: &mut Vec<u8>,
+) -> io::Result<u64> {
+    let malformed = || io::Error::other("the module's chunked body is malformed");
+    let mut at = ChunkAt::Size;
+    let mut bytes = 0u64;
+    loop {
+        let mut pieces = [(0usize, 0usize); MAX_CHUNK_PIECES];
+        let mut gathered = 0;
+        let walked = loop {
+            if gathered == MAX_CHUNK_PIECES {
+                break Walked::Full;
+            }
+            let rest = &read.buf[read.start..];
+            match at {
+                ChunkAt::Data(left) => {
+                    if rest.is_empty() {
+                        break Walked::NeedMore;
+                    }
+                    let take = left.min(rest.len() as u64) as usize;
+                    pieces[gathered] = (read.start, read.start + take);
+                    gathered += 1;
+                    read.start += take;
+                    at = match left - take as u64 {
+                        0 => ChunkAt::End,
+                        left => ChunkAt::Data(left),
+                    };
+                }
+                ChunkAt::End => {
+                    if rest.len() < 2 {
+                        break Walked::NeedMore;
+                    }
+                    if &rest[..2] != b"\r\n" {
+                        return Err(malformed());
+                    }
+                    read.start += 2;
+                    at = ChunkAt::Size;
+                }
+                ChunkAt::Size => match httparse::parse_chunk_size(rest) {
+                    Ok(httparse::Status::Complete((used, size))) => {
+                        read.start += used;
+                        if size == 0 {
+                            break Walked::Last;
+                        }
+                        at = ChunkAt::Data(size);
+                    }
+                    Ok(httparse::Status::Partial) if rest.len() < MAX_CHUNK_META_BYTES => {
+                        break Walked::NeedMore;
+                    }
+                    _ => return Err(malformed()),
+                },
+            }
+        };
+        let mut data: [&[u8]; MAX_CHUNK_PIECES] = [&[]; MAX_CHUNK_PIECES];
+        for (slot, &(from, to)) in data.iter_mut().zip(&pieces[..gathered]) {
+            *slot = &read.buf[from..to];
+            bytes += (to - from) as u64;
+        }
+        put_chunk_of(client, write, &data[..gathered]).await?;
+        match walked {
+            Walked::NeedMore => fill(conn, read, client, write, at.place()).await?,
+            Walked::Full => {}
+            Walked::Last => break,
+        }
+    }
+    // The trailers, dropped, up to the blank line.
+    loop {
+        let rest = &read.buf[read.start..];
+        if rest.starts_with(b"\r\n") {
+            read.start += 2;
+            break;
+        }
+        if let Some(end) = rest.windows(4).position(|w| w == b"\r\n\r\n") {
+            read.start += end + 4;
+            break;
+        }
+        if rest.len() >= MAX_CHUNK_META_BYTES {
+            return Err(io::Error::other("the module's trailers are too long"));
+        }
+        fill(conn, read, client, write, "in its trailers").await?;
+    }
+    write.extend_from_slice(b"0\r\n\r\n");
+    Ok(bytes)
 }
 
 /// Passes the next `length` bytes of the answer on to the client, read as

@@ -84,6 +84,11 @@ pub(crate) trait ClientConn: AsyncWrite + Unpin + Send {
 /// vectored write.
 pub(crate) const COALESCE_BYTES: usize = 16 * 1024;
 
+/// Most data pieces one chunk of [`put_chunk_of`] gathers: with the size
+/// line before them and the line's end after, one vectored write stays far
+/// below the kernel's limit on slices (`IOV_MAX`, 1024).
+pub(crate) const MAX_CHUNK_PIECES: usize = 64;
+
 /// Appends `data` to what goes to the client, or, when it is large,
 /// writes both now in one vectored write (and what it leaves, until all
 /// is written).
@@ -96,20 +101,7 @@ pub(crate) async fn put(
         write.extend_from_slice(data);
         return Ok(());
     }
-    let (mut first, mut second) = (0, 0);
-    while first < write.len() || second < data.len() {
-        let slices = [
-            io::IoSlice::new(&write[first..]),
-            io::IoSlice::new(&data[second..]),
-        ];
-        let n = client.write_vectored(&slices).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        let from_first = n.min(write.len() - first);
-        first += from_first;
-        second += n - from_first;
-    }
+    write_all_slices(client, &mut [IoSlice::new(write), IoSlice::new(data)]).await?;
     write.clear();
     Ok(())
 }
@@ -121,9 +113,57 @@ pub(crate) async fn put_chunk(
     write: &mut Vec<u8>,
     data: &[u8],
 ) -> io::Result<()> {
-    write.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-    put(client, write, data).await?;
-    write.extend_from_slice(b"\r\n");
+    put_chunk_of(client, write, &[data]).await
+}
+
+/// Appends `pieces`, back to back, as one chunk (as many as it takes of
+/// [`MAX_CHUNK_PIECES`] pieces each), as [`put`] does: its size line,
+/// the data and the line's end go out together, so that no write carries
+/// a line's end alone. Nothing, when the pieces are empty: a chunk of no
+/// bytes would end the body.
+pub(crate) async fn put_chunk_of(
+    client: &mut impl ClientConn,
+    write: &mut Vec<u8>,
+    pieces: &[&[u8]],
+) -> io::Result<()> {
+    for pieces in pieces.chunks(MAX_CHUNK_PIECES) {
+        let len: usize = pieces.iter().map(|piece| piece.len()).sum();
+        if len == 0 {
+            continue;
+        }
+        write.extend_from_slice(format!("{len:x}\r\n").as_bytes());
+        if len <= COALESCE_BYTES {
+            for piece in pieces {
+                write.extend_from_slice(piece);
+            }
+            write.extend_from_slice(b"\r\n");
+            continue;
+        }
+        let mut slices = [IoSlice::new(&[]); MAX_CHUNK_PIECES + 2];
+        slices[0] = IoSlice::new(write);
+        for (slot, piece) in slices[1..].iter_mut().zip(pieces) {
+            *slot = IoSlice::new(piece);
+        }
+        slices[pieces.len() + 1] = IoSlice::new(b"\r\n");
+        write_all_slices(client, &mut slices[..pieces.len() + 2]).await?;
+        write.clear();
+    }
+    Ok(())
+}
+
+/// Writes all of `slices`, in as many vectored writes as the client takes.
+async fn write_all_slices(
+    client: &mut impl ClientConn,
+    mut slices: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        let n = client.write_vectored(slices).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, n);
+    }
     Ok(())
 }
 

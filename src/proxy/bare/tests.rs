@@ -229,6 +229,32 @@ async fn a_counted_body_in_pieces_is_passed_on_and_the_connection_kept() {
     assert!(kept);
 }
 
+/// The data of a chunked body and how many chunks carried it; panics
+/// on anything but plain size lines (no extensions), whole chunks and the
+/// last chunk with no trailers.
+fn dechunk(body: &[u8]) -> (Vec<u8>, usize) {
+    let mut data = Vec::new();
+    let mut chunks = 0;
+    let mut rest = body;
+    loop {
+        let line = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a size line");
+        let size = std::str::from_utf8(&rest[..line]).expect("ascii");
+        let size = usize::from_str_radix(size, 16).expect("a plain hex size");
+        rest = &rest[line + 2..];
+        if size == 0 {
+            assert_eq!(rest, b"\r\n", "no trailers, nothing after");
+            return (data, chunks);
+        }
+        data.extend_from_slice(&rest[..size]);
+        assert_eq!(&rest[size..size + 2], b"\r\n", "a chunk's line end");
+        rest = &rest[size + 2..];
+        chunks += 1;
+    }
+}
+
 #[tokio::test]
 async fn a_chunked_body_is_chunked_again_without_extensions_or_trailers() {
     let (written, kept) = relayed(
@@ -239,9 +265,129 @@ async fn a_chunked_body_is_chunked_again_without_extensions_or_trailers() {
     )
     .await;
     let written = written.expect("relayed");
-    assert_eq!(body(&written), "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
+    let (data, _) = dechunk(body(&written).as_bytes());
+    assert_eq!(data, b"hello world");
+    assert!(!written.contains("ext"), "{written}");
     assert!(!written.contains("X-Trailer"), "{written}");
     assert!(kept);
+}
+
+/// A client that records each write it takes (a vectored one whole).
+#[derive(Default)]
+struct Writes(Vec<Vec<u8>>);
+
+impl tokio::io::AsyncWrite for Writes {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        self.0.push(buf.to_vec());
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let write: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+        let n = write.len();
+        self.0.push(write);
+        std::task::Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl ClientConn for Writes {
+    fn gone(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
+}
+
+/// The many small chunks one read brings leave as one chunk, and each
+/// write to the client holds whole chunks: never a line's end alone.
+#[tokio::test]
+async fn the_chunks_a_read_brings_leave_as_one_in_one_write() {
+    const CHUNKS: usize = 40;
+    let piece: Vec<u8> = (0..1500).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..CHUNKS {
+        answer.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        answer.extend_from_slice(&piece);
+        answer.extend_from_slice(b"\r\n");
+    }
+    answer.extend_from_slice(b"0\r\n\r\n");
+    let answer: &'static [u8] = answer.leak();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Written by the module in one piece, read by the relay in a few.
+    let pool = module(dir.path(), answer, answer.len(), false).await;
+    let mut conn = pool
+        .lease_bare(Hold::Exchange)
+        .await
+        .expect("lease")
+        .expect("a slot");
+    let read = send_and_read_head(&mut conn, b"GET / HTTP/1.1\r\nhost: m\r\n\r\n")
+        .await
+        .unwrap_or_else(|_| panic!("no head"));
+    let answer = BareAnswer {
+        conn,
+        pool: pool.clone(),
+        read,
+        cancel: CancellationToken::new(),
+        module: Arc::from("m"),
+        bytes_out: Counter::default(),
+        _open: None,
+    };
+    let mut client = Writes::default();
+    let mut write = Vec::new();
+    answer
+        .relay(&mut client, &mut write, false)
+        .await
+        .expect("relayed");
+    let all = client.0.concat();
+    let head_end = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    let (data, chunks) = dechunk(&all[head_end..]);
+    assert_eq!(data, piece.repeat(CHUNKS));
+    assert!(chunks < CHUNKS / 4, "{chunks} chunks out of {CHUNKS}");
+    // Every write past the head starts a chunk and ends one.
+    let mut at = 0;
+    for write in &client.0 {
+        let from = head_end.saturating_sub(at).min(write.len());
+        at += write.len();
+        let body = &write[from..];
+        if body.is_empty() {
+            continue;
+        }
+        let ends_body = body.ends_with(b"0\r\n\r\n");
+        let whole = if ends_body {
+            body.to_vec()
+        } else {
+            [body, b"0\r\n\r\n"].concat()
+        };
+        dechunk(&whole);
+    }
 }
 
 #[tokio::test]
@@ -298,20 +444,8 @@ async fn a_body_read_to_the_close_is_chunked() {
     let (written, kept) =
         relayed(b"HTTP/1.1 200 OK\r\nX-A: 1\r\n\r\nuntil the close", 6, true).await;
     let written = written.expect("relayed");
-    let chunks = body(&written);
-    assert!(chunks.ends_with("0\r\n\r\n"), "{chunks}");
-    let mut rest = chunks;
-    let mut data = String::new();
-    loop {
-        let (size, after) = rest.split_once("\r\n").expect("a size line");
-        let size = usize::from_str_radix(size, 16).expect("hex");
-        if size == 0 {
-            break;
-        }
-        data.push_str(&after[..size]);
-        rest = &after[size + 2..];
-    }
-    assert_eq!(data, "until the close");
+    let (data, _) = dechunk(body(&written).as_bytes());
+    assert_eq!(data, b"until the close");
     assert!(!kept);
 }
 
@@ -362,4 +496,27 @@ async fn a_large_piece_is_written_whole_behind_what_waited() {
     assert!(write.is_empty());
     assert_eq!(&client.0[..13], b"pending head ");
     assert_eq!(&client.0[13..], &data[..]);
+}
+
+/// More pieces than one chunk gathers leave as several whole chunks, in
+/// order, however little each write takes.
+#[tokio::test]
+async fn pieces_past_one_chunks_share_leave_as_several_whole_chunks() {
+    use crate::proxy::client_socket::{put_chunk_of, MAX_CHUNK_PIECES};
+    let owned: Vec<Vec<u8>> = (0..MAX_CHUNK_PIECES * 2 + 3)
+        .map(|i| vec![(i % 251) as u8; 700 + i])
+        .collect();
+    let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+    let mut client = Trickle::default();
+    let mut write = b"head\r\n\r\n".to_vec();
+    put_chunk_of(&mut client, &mut write, &pieces)
+        .await
+        .expect("put");
+    // What fit under the coalescing size waits; the rest went out.
+    client.0.extend_from_slice(&write);
+    client.0.extend_from_slice(b"0\r\n\r\n");
+    assert_eq!(&client.0[..8], b"head\r\n\r\n");
+    let (data, chunks) = dechunk(&client.0[8..]);
+    assert_eq!(data, owned.concat());
+    assert_eq!(chunks, 3);
 }

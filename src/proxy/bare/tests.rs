@@ -175,20 +175,22 @@ async fn module(
     )
 }
 
-/// Runs a bare exchange with the module `module` sets up; returns what
-/// reached the client (or the relay's error) and whether the connection
-/// went back to the pool.
-async fn relayed(answer: &'static [u8], pieces: usize, close: bool) -> (io::Result<String>, bool) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pool = module(dir.path(), answer, pieces, close).await;
+/// A bare exchange with the module `module` sets up in `dir`, its head
+/// read; `None` when no head came.
+async fn answered(
+    dir: &std::path::Path,
+    answer: &'static [u8],
+    pieces: usize,
+    close: bool,
+) -> (Option<BareAnswer>, ModulePool) {
+    let pool = module(dir, answer, pieces, close).await;
     let mut conn = pool
         .lease_bare(Hold::Exchange)
         .await
         .expect("lease")
         .expect("a slot");
-    let read = match send_and_read_head(&mut conn, b"GET / HTTP/1.1\r\nhost: m\r\n\r\n").await {
-        Ok(read) => read,
-        Err(_) => return (Err(io::Error::other("no head")), false),
+    let Ok(read) = send_and_read_head(&mut conn, b"GET / HTTP/1.1\r\nhost: m\r\n\r\n").await else {
+        return (None, pool);
     };
     let answer = BareAnswer {
         conn,
@@ -198,6 +200,17 @@ async fn relayed(answer: &'static [u8], pieces: usize, close: bool) -> (io::Resu
         module: Arc::from("m"),
         bytes_out: Counter::default(),
         _open: None,
+    };
+    (Some(answer), pool)
+}
+
+/// Runs a bare exchange with the module `module` sets up; returns what
+/// reached the client (or the relay's error) and whether the connection
+/// went back to the pool.
+async fn relayed(answer: &'static [u8], pieces: usize, close: bool) -> (io::Result<String>, bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (Some(answer), pool) = answered(dir.path(), answer, pieces, close).await else {
+        return (Err(io::Error::other("no head")), false);
     };
     let mut client = Vec::new();
     let mut write = Vec::new();
@@ -272,33 +285,71 @@ async fn a_chunked_body_is_chunked_again_without_extensions_or_trailers() {
     assert!(kept);
 }
 
-/// A client that records each write it takes (a vectored one whole).
-#[derive(Default)]
-struct Writes(Vec<Vec<u8>>);
+/// A client that records each write it takes: at most `most` bytes of
+/// it, and of a vectored write the first slice only unless `vectored`.
+struct Recorder {
+    writes: Vec<Vec<u8>>,
+    most: usize,
+    vectored: bool,
+}
 
-impl tokio::io::AsyncWrite for Writes {
+impl Recorder {
+    /// Takes at most 7 bytes a write, of the first slice only.
+    fn trickle() -> Recorder {
+        Recorder {
+            writes: Vec::new(),
+            most: 7,
+            vectored: false,
+        }
+    }
+
+    /// Takes every write whole, a vectored one as one.
+    fn whole() -> Recorder {
+        Recorder {
+            writes: Vec::new(),
+            most: usize::MAX,
+            vectored: true,
+        }
+    }
+
+    /// All it took, in order.
+    fn taken(&self) -> Vec<u8> {
+        self.writes.concat()
+    }
+}
+
+impl tokio::io::AsyncWrite for Recorder {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         _cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<io::Result<usize>> {
-        self.0.push(buf.to_vec());
-        std::task::Poll::Ready(Ok(buf.len()))
+        let n = buf.len().min(self.most);
+        self.writes.push(buf[..n].to_vec());
+        std::task::Poll::Ready(Ok(n))
     }
 
     fn poll_write_vectored(
         mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
+        cx: &mut std::task::Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> std::task::Poll<io::Result<usize>> {
-        let write: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+        if !self.vectored {
+            let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| b);
+            return self.poll_write(cx, first);
+        }
+        let write: Vec<u8> = bufs
+            .iter()
+            .flat_map(|b| b.iter().copied())
+            .take(self.most)
+            .collect();
         let n = write.len();
-        self.0.push(write);
+        self.writes.push(write);
         std::task::Poll::Ready(Ok(n))
     }
 
     fn is_write_vectored(&self) -> bool {
-        true
+        self.vectored
     }
 
     fn poll_flush(
@@ -316,7 +367,7 @@ impl tokio::io::AsyncWrite for Writes {
     }
 }
 
-impl ClientConn for Writes {
+impl ClientConn for Recorder {
     fn gone(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
         std::future::pending()
     }
@@ -338,31 +389,15 @@ async fn the_chunks_a_read_brings_leave_as_one_in_one_write() {
     let answer: &'static [u8] = answer.leak();
     let dir = tempfile::tempdir().expect("tempdir");
     // Written by the module in one piece, read by the relay in a few.
-    let pool = module(dir.path(), answer, answer.len(), false).await;
-    let mut conn = pool
-        .lease_bare(Hold::Exchange)
-        .await
-        .expect("lease")
-        .expect("a slot");
-    let read = send_and_read_head(&mut conn, b"GET / HTTP/1.1\r\nhost: m\r\n\r\n")
-        .await
-        .unwrap_or_else(|_| panic!("no head"));
-    let answer = BareAnswer {
-        conn,
-        pool: pool.clone(),
-        read,
-        cancel: CancellationToken::new(),
-        module: Arc::from("m"),
-        bytes_out: Counter::default(),
-        _open: None,
-    };
-    let mut client = Writes::default();
+    let (answer, _pool) = answered(dir.path(), answer, answer.len(), false).await;
+    let answer = answer.expect("a head");
+    let mut client = Recorder::whole();
     let mut write = Vec::new();
     answer
         .relay(&mut client, &mut write, false)
         .await
         .expect("relayed");
-    let all = client.0.concat();
+    let all = client.taken();
     let head_end = all
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -373,7 +408,7 @@ async fn the_chunks_a_read_brings_leave_as_one_in_one_write() {
     assert!(chunks < CHUNKS / 4, "{chunks} chunks out of {CHUNKS}");
     // Every write past the head starts a chunk and ends one.
     let mut at = 0;
-    for write in &client.0 {
+    for write in &client.writes {
         let from = head_end.saturating_sub(at).min(write.len());
         at += write.len();
         let body = &write[from..];
@@ -449,53 +484,18 @@ async fn a_body_read_to_the_close_is_chunked() {
     assert!(!kept);
 }
 
-/// A client that takes at most 7 bytes a write, of the first slice only.
-#[derive(Default)]
-struct Trickle(Vec<u8>);
-
-impl tokio::io::AsyncWrite for Trickle {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<io::Result<usize>> {
-        let n = buf.len().min(7);
-        self.0.extend_from_slice(&buf[..n]);
-        std::task::Poll::Ready(Ok(n))
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-}
-
-impl ClientConn for Trickle {
-    fn gone(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
-        std::future::pending()
-    }
-}
-
 /// A large piece goes out behind what was pending, whole and in order,
 /// however little each write takes.
 #[tokio::test]
 async fn a_large_piece_is_written_whole_behind_what_waited() {
     let data: Vec<u8> = (0..COALESCE_BYTES * 2).map(|i| (i % 251) as u8).collect();
-    let mut client = Trickle::default();
+    let mut client = Recorder::trickle();
     let mut write = b"pending head ".to_vec();
     put(&mut client, &mut write, &data).await.expect("put");
     assert!(write.is_empty());
-    assert_eq!(&client.0[..13], b"pending head ");
-    assert_eq!(&client.0[13..], &data[..]);
+    let taken = client.taken();
+    assert_eq!(&taken[..13], b"pending head ");
+    assert_eq!(&taken[13..], &data[..]);
 }
 
 /// More pieces than one chunk gathers leave as several whole chunks, in
@@ -507,16 +507,17 @@ async fn pieces_past_one_chunks_share_leave_as_several_whole_chunks() {
         .map(|i| vec![(i % 251) as u8; 700 + i])
         .collect();
     let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
-    let mut client = Trickle::default();
+    let mut client = Recorder::trickle();
     let mut write = b"head\r\n\r\n".to_vec();
     put_chunk_of(&mut client, &mut write, &pieces)
         .await
         .expect("put");
     // What fit under the coalescing size waits; the rest went out.
-    client.0.extend_from_slice(&write);
-    client.0.extend_from_slice(b"0\r\n\r\n");
-    assert_eq!(&client.0[..8], b"head\r\n\r\n");
-    let (data, chunks) = dechunk(&client.0[8..]);
+    let mut taken = client.taken();
+    taken.extend_from_slice(&write);
+    taken.extend_from_slice(b"0\r\n\r\n");
+    assert_eq!(&taken[..8], b"head\r\n\r\n");
+    let (data, chunks) = dechunk(&taken[8..]);
     assert_eq!(data, owned.concat());
     assert_eq!(chunks, 3);
 }

@@ -678,9 +678,10 @@ enum Walked {
 
 /// Relays a chunked body: the data of whatever chunks (or parts of
 /// chunks) a read brought goes on as one chunk, in one write with its
-/// size line and line's end (a proxy may chunk a body anew: the module's
-/// 64 KiB chunks read 256 KiB at a time leave in 256 KiB chunks). Chunk
-/// extensions and trailers are dropped. Returns the data's length.
+/// size line and line's end (a proxy may chunk a body anew: the body
+/// leaves in as many chunks as it took reads, whatever the module's
+/// chunks were). Chunk extensions and trailers are dropped. Returns the
+/// data's length.
 async fn relay_chunked(
     conn: &mut BareConn,
     read: &mut ReadAnswer,

@@ -131,7 +131,9 @@ pub(crate) async fn put_chunk_of(
         if len == 0 {
             continue;
         }
-        write.extend_from_slice(format!("{len:x}\r\n").as_bytes());
+        // Straight into the buffer: no string made per chunk.
+        std::io::Write::write_fmt(write, format_args!("{len:x}\r\n"))
+            .expect("UNWRAP: writing to a Vec cannot fail");
         if len <= COALESCE_BYTES {
             for piece in pieces {
                 write.extend_from_slice(piece);
